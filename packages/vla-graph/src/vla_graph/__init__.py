@@ -1,0 +1,5 @@
+"""vla-graph: see the package README."""
+
+from .__about__ import __version__
+
+__all__ = ["__version__"]
