@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
 import vla_graph
+from torch import nn
 
 
 class Block(nn.Module):
@@ -36,7 +35,9 @@ class Block(nn.Module):
 class ToyTransformer(nn.Module):
     """Predicts the flow-matching velocity of `actions` given pre-drawn `t` [B] and `noise`."""
 
-    def __init__(self, features: int = 6, width: int = 32, heads: int = 4, layers: int = 2, dropout: float = 0.0):
+    def __init__(
+        self, features: int = 6, width: int = 32, heads: int = 4, layers: int = 2, dropout: float = 0.0
+    ):
         super().__init__()
         self.inp = nn.Linear(features, width)
         self.time = nn.Sequential(nn.Linear(16, width), nn.SiLU(), nn.Linear(width, width))
@@ -58,8 +59,16 @@ class ToyTransformer(nn.Module):
         return vla_graph.masked_mean(error, batch["valid"])
 
 
-def make_microbatches(iterations: int, count: int, *, batch: int = 4, tokens: int = 5, features: int = 6,
-                      device: str | torch.device = "cpu", seed: int = 0) -> list[list[dict]]:
+def make_microbatches(
+    iterations: int,
+    count: int,
+    *,
+    batch: int = 4,
+    tokens: int = 5,
+    features: int = 6,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> list[list[dict]]:
     """Fixed-shape microbatches, with a few padded (invalid) tokens so the mask matters."""
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -74,7 +83,9 @@ def make_microbatches(iterations: int, count: int, *, batch: int = 4, tokens: in
     return out
 
 
-def draws_for(batch_size: int, tokens: int, features: int, generator: torch.Generator) -> vla_graph.RandomDraws:
+def draws_for(
+    batch_size: int, tokens: int, features: int, generator: torch.Generator
+) -> vla_graph.RandomDraws:
     return vla_graph.RandomDraws(
         {
             "t": vla_graph.RandomSpec(shape=(batch_size,), distribution="uniform"),
@@ -84,8 +95,17 @@ def draws_for(batch_size: int, tokens: int, features: int, generator: torch.Gene
     )
 
 
-def run_training(mode: str, *, iterations: int, count: int, dropout: float, device: str = "cpu",
-                 model_seed: int = 0, optimizer: str = "sgd", **config) -> dict:
+def run_training(
+    mode: str,
+    *,
+    iterations: int,
+    count: int,
+    dropout: float,
+    device: str = "cpu",
+    model_seed: int = 0,
+    optimizer: str = "sgd",
+    **config,
+) -> dict:
     """Train a fresh toy model in `mode`; return per-iteration losses and gradients."""
     torch.manual_seed(model_seed)
     model = ToyTransformer(dropout=dropout).to(device)
@@ -99,8 +119,11 @@ def run_training(mode: str, *, iterations: int, count: int, dropout: float, devi
         config=vla_graph.GraphConfig(mode=mode, **config),
         draw=draws_for(4, 5, 6, draw_gen),
     )
-    opt = (torch.optim.SGD(model.parameters(), lr=0.05) if optimizer == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1e-3))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.05)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
     losses, grads = [], []
     for group in make_microbatches(iterations, count, device=device):
         losses.append(torch.stack(step(group)))
@@ -126,3 +149,12 @@ def toy():
         train = staticmethod(run_training)
 
     return Toy
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster and steadier on one thread, especially on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import torch
+from pathlib import Path
 
+import torch
 from vla_graph import Finding, check_graph_safe
 from vla_graph._explain import explain_capture_failure
 
@@ -11,7 +12,7 @@ HERE = "test_check.py"
 
 
 def _line_of(marker: str) -> int:
-    lines = open(__file__).read().splitlines()
+    lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if marker in line and "_line_of" not in line)
 
 
@@ -112,7 +113,7 @@ def test_python_branches_that_change_between_iterations_are_found() -> None:
             x.sin()
 
     finding = _only(check_graph_safe(step, runs=2), "CPU-dependent branch")
-    assert "aten.exp.default then aten.sin.default" == finding.op
+    assert finding.op == "aten.exp.default then aten.sin.default"
     assert f"{HERE}:" in finding.where and "torch.where" in finding.advice
 
 
@@ -191,5 +192,7 @@ def test_capture_failure_explanations_look_through_chained_errors_and_warnings()
     except RuntimeError as error:
         hidden = error
     # `from None` hides the cause from tracebacks but __context__ keeps it; capture_end errors look like this.
-    message = explain_capture_failure(hidden, ["AccumulateGrad node's stream does not match"], what="x", checked=True)
+    message = explain_capture_failure(
+        hidden, ["AccumulateGrad node's stream does not match"], what="x", checked=True
+    )
     assert "unjoined" in message and "saw nothing wrong" in message and "Warnings during capture" in message

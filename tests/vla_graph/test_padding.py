@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from vla_graph import bucket_size, masked_mean, pad_batch, pad_dim, pad_sequences
 
 

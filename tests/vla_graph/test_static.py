@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from vla_graph import ShapeChangeError, StaticInputs
 
 
 def _batch(n: int = 2) -> dict:
-    return {"x": torch.randn(n, 3), "ids": torch.arange(n), "views": [torch.ones(n, 2), torch.zeros(n)], "tag": 7}
+    return {
+        "x": torch.randn(n, 3),
+        "ids": torch.arange(n),
+        "views": [torch.ones(n, 2), torch.zeros(n)],
+        "tag": 7,
+    }
 
 
 def test_fill_copies_into_fixed_addresses() -> None:
@@ -38,7 +42,10 @@ def test_filling_with_its_own_buffers_is_a_no_op() -> None:
         (lambda b: b.update(x=torch.empty(2, 3, device="meta")), "device meta instead of cpu"),
         (lambda b: b.pop("ids"), "batch['ids'] is missing"),
         (lambda b: b.update(extra=torch.ones(1)), "batch['extra'] is new"),
-        (lambda b: b.update(tag=8), "batch['tag'] is the Python int 8, but the graph was captured with the Python int 7"),
+        (
+            lambda b: b.update(tag=8),
+            "batch['tag'] is the Python int 8, but the graph was captured with the Python int 7",
+        ),
         (lambda b: b["views"].append(torch.ones(1)), "batch['views'][2] is new"),
     ],
 )

@@ -21,11 +21,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_SKIP_DIRS = (
-    os.path.dirname(torch.__file__),
-    os.path.dirname(__file__),
-    os.path.dirname(contextlib.__file__),
-)
+# Frames skipped when naming the user's line: torch, this package, and context-manager plumbing.
+_SKIP_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+_SKIP_FILES = frozenset({contextlib.__file__, functools.__file__})
 
 HOST_SYNC = "host sync"
 DYNAMIC_SHAPE = "data-dependent size"
@@ -105,7 +103,9 @@ def _display_path(path: str) -> str:
 def _user_location() -> str:
     """file:line (function) of the innermost frame outside torch and vla_graph; notes backward."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_SKIP_DIRS) or frame.f_code.co_filename in _SKIP_FILES
+    ):
         frame = frame.f_back
     where = "unknown location"
     if frame is not None:

@@ -11,7 +11,7 @@ _KNOWN: list[tuple[tuple[str, ...], str]] = [
     ),
     (
         ("cannot copy between cpu and cuda",),
-        "the step copied a tensor between host and GPU (.cpu(), .to('cpu'), torch.tensor(...) of host data "
+        "a host sync: the step copied a tensor between host and GPU (.cpu(), .to('cpu'), torch.tensor(...) of host data "
         "moved to the GPU, indexing with a CPU tensor). Move such copies outside the step: pass host data "
         "in the batch so it is copied into a static buffer before replay",
     ),

@@ -63,10 +63,13 @@ class ParamSet:
                     p.grad = torch.zeros_like(p)
                 self.owned.append(p.grad)
             return
-        for (name, p), grad in zip(self.trainable, self.owned):
-            if p.grad is None:
-                p.grad = grad
-            elif p.grad.data_ptr() != grad.data_ptr():
+        grads = [p.grad for _, p in self.trainable]
+        if all(g is o for g, o in zip(grads, self.owned)):
+            return  # the common case, checked in one pass
+        for (name, p), grad, owned in zip(self.trainable, grads, self.owned):
+            if grad is None:
+                p.grad = owned
+            elif grad.data_ptr() != owned.data_ptr():
                 raise RuntimeError(
                     f"{name}.grad was replaced by a new tensor; graphs write gradients into the buffer they "
                     "were captured with. Zero gradients in place or with set_to_none=True (vla_graph "
@@ -90,7 +93,7 @@ class ParamSet:
 
     def check_addresses(self) -> None:
         """Raise if a parameter moved since capture (reassigned `.data`, `.to()`, a new tensor)."""
-        if self._addresses is None:
+        if self._addresses is None or [p.data_ptr() for _, p in self.named] == self._addresses:
             return
         for (name, p), address in zip(self.named, self._addresses):
             if p.data_ptr() != address:
