@@ -95,6 +95,7 @@ class CudaBackend:
             for gen in unique_generators(generators):
                 if gen is not default:
                     graph.register_generator_state(gen)
+            current = torch.cuda.current_stream()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -106,7 +107,11 @@ class CudaBackend:
                     ):
                         outputs = fn()
                 except Exception as error:
+                    # A failed capture_end skips restoring the caller's stream.
+                    torch.cuda.set_stream(current)
                     raise CaptureFailed(error, [str(w.message) for w in caught]) from error
+        for w in caught:  # recorded for diagnosis only; a successful capture shows them as usual
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return graph, outputs
 
     def replay(self, graph: Any) -> None:
