@@ -115,19 +115,25 @@ def _user_location() -> str:
     return f"{where}, in backward ({node.name()})" if node is not None else where
 
 
+_PLAIN_TYPES = frozenset(
+    {bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
+
+
 def _plain(value: Any) -> Any:
     """Non-tensor arguments of an op, as comparable values (tensors and generators as markers)."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return value
     if isinstance(value, torch.Tensor):
         return "<tensor>"
+    if kind is list or kind is tuple:
+        return tuple(_plain(v) for v in value)
+    if kind is dict:
+        return tuple((k, _plain(v)) for k, v in value.items())
     if isinstance(value, torch.Generator):
         return "<generator>"
-    if isinstance(value, (list, tuple)):
-        return tuple(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _plain(v)) for k, v in value.items())
-    if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout)):
-        return value
-    return type(value).__name__
+    return kind.__name__
 
 
 def _is_bool_index(indices: Any) -> bool:
