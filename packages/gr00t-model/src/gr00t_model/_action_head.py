@@ -129,9 +129,8 @@ class ActionHead(nn.Module):
         tt = t.to(torch.float32)[:, None, None]
         noisy = (1 - tt) * noise + tt * action
         pred = self.velocity(vl, masks, self.encode_state(state, slot), noisy, self.buckets(t), slot)
-        with torch.autocast(device_type=pred.device.type, enabled=False):
-            err = (pred.float() - (action - noise)) ** 2 * mask
-            return err.sum() / (mask.sum() + 1e-6)
+        err = (pred.float() - (action - noise)) ** 2 * mask  # fp32 operands: autocast leaves these in fp32
+        return err.sum() / (mask.sum() + 1e-6)
 
     @torch.no_grad()
     def sample(self, vl, masks, state, slot, noise: torch.Tensor, steps: int) -> torch.Tensor:

@@ -123,7 +123,9 @@ class GR00TN16(nn.Module):
             noise = torch.randn(shape, device=state.device, dtype=torch.float32)
         elif tuple(noise.shape) != shape:
             raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
-        steps = num_steps or self.config.num_inference_timesteps
+        steps = self.config.num_inference_timesteps if num_steps is None else num_steps
+        if steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {steps}")
         with self._autocast(state.device):
             vl, masks = self._features(batch)
             return self.action_head.sample(vl, masks, state, batch["embodiment_id"], noise, steps)
