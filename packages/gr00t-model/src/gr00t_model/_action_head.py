@@ -91,9 +91,8 @@ class ActionHead(nn.Module):
         elif alpha == 1.0:
             u = 1.0 - r ** (1.0 / beta)
         else:
-            u = torch.distributions.Beta(
-                torch.tensor(alpha, device=device), torch.tensor(beta, device=device)
-            ).sample((batch,))
+            concentration = torch.tensor([alpha, beta], device=device)
+            u = torch.distributions.Beta(concentration[0], concentration[1], validate_args=False).sample((batch,))
         return self.config.noise_s * (1.0 - u)
 
     def buckets(self, t: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,20 @@ class GR00TN16(nn.Module):
         # No cast cache: weights are cast where used, which stays valid inside a captured CUDA graph.
         return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype), cache_enabled=False)
 
+    # ----------------------------------------------------------- checkpoints
+    def save_pretrained(self, path, **kwargs):
+        """Same as gr00t_model.save_pretrained(self, path, **kwargs)."""
+        from ._checkpoint import save_pretrained
+
+        return save_pretrained(self, path, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        """Same as gr00t_model.from_pretrained(path, **kwargs)."""
+        from ._checkpoint import from_pretrained
+
+        return from_pretrained(path, **kwargs)
+
     # ---------------------------------------------------------------- forward
     def _features(self, batch: Mapping[str, torch.Tensor]):
         features, valid, image_mask = self.backbone(
