@@ -92,7 +92,9 @@ class ActionHead(nn.Module):
             u = 1.0 - r ** (1.0 / beta)
         else:
             concentration = torch.tensor([alpha, beta], device=device)
-            u = torch.distributions.Beta(concentration[0], concentration[1], validate_args=False).sample((batch,))
+            u = torch.distributions.Beta(concentration[0], concentration[1], validate_args=False).sample(
+                (batch,)
+            )
         return self.config.noise_s * (1.0 - u)
 
     def buckets(self, t: torch.Tensor) -> torch.Tensor:
