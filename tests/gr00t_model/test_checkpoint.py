@@ -148,7 +148,7 @@ RELEASE_CONFIG = {  # what the release's save_pretrained writes (action-head fie
 @pytest.fixture
 def release_dir(tmp_path):
     """A two-shard release-layout checkpoint (bf16, official names, unused tensors included)."""
-    base = GR00TConfig.preset("tiny")
+    base = GR00TConfig.preset("tiny", frozen_dtype="bfloat16", compute_dtype="bfloat16")  # the release policy
     target = base.replace(action_horizon=12, max_state_dim=48, max_action_dim=40)
     shapes, unused = release_shapes(target, extra_llm_layers=1)
     gen = torch.Generator().manual_seed(1)
@@ -235,7 +235,7 @@ def _assert_identical(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("layout", ["gr00t_model", "official"])
 def test_save_load_round_trip_is_bit_exact(tmp_path, layout) -> None:
-    config = GR00TConfig.preset("tiny", action_horizon=8, state_dropout_prob=0.1)
+    config = GR00TConfig.preset("tiny", action_horizon=8, state_dropout_prob=0.1, frozen_dtype="bfloat16")
     model = GR00TN16(config)
     with torch.no_grad():
         model.action_head.vlln.weight.add_(0.123)  # not an init value

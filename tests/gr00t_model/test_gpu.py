@@ -9,6 +9,9 @@ from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 pytestmark = pytest.mark.gpu
 
 
+BF16 = {"frozen_dtype": "bfloat16", "compute_dtype": "bfloat16"}  # the release policy (tiny defaults to fp32)
+
+
 def _setup(config: GR00TConfig, batch_size: int = 4):
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -34,7 +37,9 @@ def _capture(step):
 
 
 def test_captured_training_step_matches_eager() -> None:
-    config = GR00TConfig.preset("tiny", dit_dropout=0.0)  # no dropout: replay and eager are comparable
+    config = GR00TConfig.preset(
+        "tiny", dit_dropout=0.0, **BF16
+    )  # no dropout: replay and eager are comparable
     model, optimizer, batch = _setup(config)
     horizon, dims = config.action_horizon, config.max_action_dim
     noise = torch.randn(4, horizon, dims, device="cuda")
@@ -67,8 +72,15 @@ def test_captured_training_step_matches_eager() -> None:
         assert len(changed) > 0.9 * len(before)
 
 
-def test_captured_step_draws_fresh_randomness_each_replay() -> None:
-    config = GR00TConfig.preset("tiny")  # dropout 0.2; noise and flow time drawn inside the graph
+# "mid": the release's widths and head dims (real SDPA kernels, unaligned VL length 204) with few layers.
+MID = {"vision_num_layers": 2, "llm_num_layers": 2, "tune_top_llm_layers": 1, "dit_num_layers": 4}
+
+
+@pytest.mark.parametrize(("preset", "overrides"), [("tiny", BF16), ("n1.6-3b", MID)])
+def test_captured_step_draws_fresh_randomness_each_replay(preset, overrides) -> None:
+    config = GR00TConfig.preset(
+        preset, **overrides
+    )  # dropout 0.2; noise and flow time drawn inside the graph
     model, optimizer, batch = _setup(config)
 
     def step():
@@ -87,7 +99,7 @@ def test_captured_step_draws_fresh_randomness_each_replay() -> None:
 
 
 def test_bf16_precision_policy_on_gpu() -> None:
-    config = GR00TConfig.preset("tiny")
+    config = GR00TConfig.preset("tiny", **BF16)
     model, optimizer, batch = _setup(config)
     loss = model(batch)["loss"]
     loss.backward()

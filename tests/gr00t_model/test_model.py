@@ -12,7 +12,7 @@ def _trained_names(model: GR00TN16) -> set[str]:
 
 
 def test_loss_is_finite_and_decreases_on_a_fixed_batch() -> None:
-    config = GR00TConfig.preset("tiny")  # bf16 frozen weights, fp32 trainable, bf16 autocast
+    config = GR00TConfig.preset("tiny")
     model = GR00TN16(config).train()
     batch = make_dummy_batch(config, 2)
     noise = torch.randn(2, config.action_horizon, config.max_action_dim)
@@ -75,7 +75,7 @@ def test_gradients_reach_exactly_the_trainable_parameters() -> None:
     ],
 )
 def test_training_policy_switches(overrides, trained, frozen) -> None:
-    model = GR00TN16(GR00TConfig.preset("tiny", **overrides))
+    model = GR00TN16(GR00TConfig.preset("tiny", frozen_dtype="bfloat16", **overrides))
     names = _trained_names(model)
     for prefix in trained:
         assert any(n.startswith(prefix) for n in names), prefix
@@ -83,6 +83,19 @@ def test_training_policy_switches(overrides, trained, frozen) -> None:
         assert not any(n.startswith(prefix) for n in names), prefix
     for name, param in model.named_parameters():
         assert param.dtype == (torch.float32 if name in names else torch.bfloat16), name
+
+
+def test_release_precision_policy_on_cpu() -> None:
+    config = GR00TConfig.preset("tiny", frozen_dtype="bfloat16", compute_dtype="bfloat16")
+    model = GR00TN16(config).train()
+    out = model(make_dummy_batch(config, 2))
+    out["loss"].backward()
+    assert out["loss"].dtype == torch.float32 and torch.isfinite(out["loss"])
+    for name, param in model.named_parameters():
+        assert param.dtype == (torch.float32 if param.requires_grad else torch.bfloat16), name
+        assert (param.grad is not None) == param.requires_grad and (
+            param.grad is None or param.grad.dtype == torch.float32
+        )
 
 
 def test_frozen_dit_stays_in_eval_mode() -> None:

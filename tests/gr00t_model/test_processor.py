@@ -168,6 +168,7 @@ def test_fixed_length_padding_for_graphs(gr1) -> None:
     ids, mask = processor.tokenize([TASK, "valid"])
     assert ids.shape == (2, 80) and mask[:, 0].all() and not mask[:, -1].any()
     assert torch.equal(ids[0, : mask[0].sum()], torch.tensor(processor.token_ids(TASK)))
+    assert processor.max_sequence_length([TASK, "valid"]) == len(processor.token_ids(TASK)) <= 80
     short = GR00TProcessor(TINY, gr1, config=ProcessorConfig(vlm_seq_len=10))
     with pytest.raises(ValueError, match=r"vlm_seq_len=10 is shorter than the prompt of task 'valid'"):
         short.tokenize(["valid"])

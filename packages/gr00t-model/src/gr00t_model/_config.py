@@ -255,5 +255,8 @@ _PRESET_FIELDS: dict[str, dict[str, Any]] = {
         "timestep_channels": 32,
         "tune_top_llm_layers": 1,
         "image_size": (56, 56),
+        # Full fp32: CPUs without bf16 instructions (where tiny runs) are far slower in bf16.
+        "frozen_dtype": "float32",
+        "compute_dtype": None,
     },
 }

@@ -163,6 +163,10 @@ class GR00TProcessor:
             self._tokens[task] = ids
         return ids
 
+    def max_sequence_length(self, tasks: Sequence[str]) -> int:
+        """Longest prompt over `tasks` in tokens: a safe `vlm_seq_len` for a dataset with these task strings."""
+        return max(len(self.token_ids(t)) for t in tasks)
+
     def tokenize(self, tasks: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids [B, S] and attention_mask [B, S] bool, padded to vlm_seq_len or the longest prompt."""
         rows = [self.token_ids(t) for t in tasks]
