@@ -111,3 +111,15 @@ def test_bf16_precision_policy_on_gpu() -> None:
     assert (
         actions.shape == (4, config.action_horizon, config.max_action_dim) and torch.isfinite(actions).all()
     )
+
+
+def test_image_preprocessing_on_gpu_matches_cpu() -> None:
+    from gr00t_model import ImageSpec, preprocess_images
+
+    frames = torch.randint(0, 256, (2, 2, 3, 256, 256), dtype=torch.uint8)
+    spec = ImageSpec(size=(252, 252))
+    kwargs = {"train": True, "brightness": 0.1, "contrast": 0.1, "saturation": 0.1}
+    cpu = preprocess_images(frames, spec, generator=torch.Generator().manual_seed(3), **kwargs)
+    gpu = preprocess_images(frames.cuda(), spec, generator=torch.Generator().manual_seed(3), **kwargs)
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=2e-3, rtol=0)

@@ -282,3 +282,11 @@ def test_tokenizer_must_match_the_model(gr1) -> None:
         GR00TProcessor(TINY.replace(image_token_id=5), gr1)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tokenizer("/nonexistent/tokenizer")
+
+
+def test_any_local_hugging_face_tokenizer_directory(gr1, tmp_path) -> None:
+    load_tokenizer().save_pretrained(tmp_path / "tok")
+    from_dir = GR00TProcessor(TINY, gr1, tokenizer=tmp_path / "tok")
+    bundled = GR00TProcessor(TINY, gr1)
+    assert from_dir.token_ids(TASK) == bundled.token_ids(TASK)
+    assert from_dir.pad_id == bundled.pad_id == 0

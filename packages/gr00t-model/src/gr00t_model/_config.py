@@ -127,9 +127,8 @@ class GR00TConfig:
 
     def __post_init__(self) -> None:
         self.image_size = tuple(int(s) for s in self.image_size)  # JSON gives lists
-        positive = [
-            f.name for f in dataclasses.fields(self) if f.type == "int" and f.name != "tune_top_llm_layers"
-        ]
+        exempt = ("tune_top_llm_layers", "image_token_id")  # may be 0; checked below
+        positive = [f.name for f in dataclasses.fields(self) if f.type == "int" and f.name not in exempt]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"GR00TConfig.{name} must be > 0, got {getattr(self, name)}")

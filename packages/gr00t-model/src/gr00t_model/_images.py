@@ -48,6 +48,8 @@ def preprocess_images(
 ) -> torch.Tensor:
     """uint8 frames [B, V, 3, H, W] (or channel-last) -> normalized float32 [B, V, 3, h, w] at spec.size.
 
+    Runs on the frames' device (CPU in a pipeline thread, or a GPU); random draws come from a CPU generator.
+
     Inference: center crop of spec.crop_fraction, then bilinear antialiased resize. train=True: a random crop
     and random brightness/contrast/saturation factors in [1 - a, 1 + a], the same for every view of a sample.
     """
@@ -63,7 +65,7 @@ def preprocess_images(
         lefts = torch.randint(0, width - crop_w + 1, (batch,), generator=generator).tolist()
     else:
         tops, lefts = [(height - crop_h) // 2] * batch, [(width - crop_w) // 2] * batch
-    out = torch.empty(batch, views, 3, *spec.size, dtype=torch.float32)
+    out = torch.empty(batch, views, 3, *spec.size, dtype=torch.float32, device=images.device)
     for i in range(batch):
         crop = images[i, :, :, tops[i] : tops[i] + crop_h, lefts[i] : lefts[i] + crop_w].to(torch.float32)
         resized = F.interpolate(crop, size=spec.size, mode="bilinear", align_corners=False, antialias=True)
@@ -84,10 +86,10 @@ def color_jitter(
     batch = images.shape[0]
 
     def factor(amount: float) -> torch.Tensor:
-        u = torch.rand(batch, generator=generator) * 2 - 1
-        return (1 + amount * u).view(batch, 1, 1, 1, 1)
+        u = torch.rand(batch, generator=generator) * 2 - 1  # CPU draws: reproducible on any device
+        return (1 + amount * u).view(batch, 1, 1, 1, 1).to(images.device)
 
-    weights = torch.tensor(_GRAY).view(1, 1, 3, 1, 1)
+    weights = torch.tensor(_GRAY, device=images.device).view(1, 1, 3, 1, 1)
     images = (images * factor(brightness)).clamp(0, 1)
     gray_mean = (images * weights).sum(2, keepdim=True).mean((-1, -2), keepdim=True)
     images = ((images - gray_mean) * factor(contrast) + gray_mean).clamp(0, 1)

@@ -5,6 +5,7 @@ Designed for a data-pipeline thread: plain torch on CPU, prompts tokenized once 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -93,11 +94,9 @@ class GR00TProcessor:
         self.embodiments = {s.tag: s for s in specs}
         for spec in specs:
             self._check_spec(spec)
-        self.tokenizer = (
-            tokenizer
-            if tokenizer is not None and not isinstance(tokenizer, str)
-            else load_tokenizer(tokenizer)
-        )
+        # None: the bundled tiny tokenizer; a str / Path: a local Hugging Face tokenizer; else a tokenizer object.
+        is_path = tokenizer is None or isinstance(tokenizer, (str, os.PathLike))
+        self.tokenizer = load_tokenizer(tokenizer) if is_path else tokenizer
         self._check_tokenizer()
         self._tokens: dict[str, list[int]] = {}
 
