@@ -235,7 +235,9 @@ def _assert_identical(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("layout", ["gr00t_model", "official"])
 def test_save_load_round_trip_is_bit_exact(tmp_path, layout) -> None:
-    config = GR00TConfig.preset("tiny", action_horizon=8, state_dropout_prob=0.1, frozen_dtype="bfloat16")
+    config = GR00TConfig.preset(
+        "tiny", action_horizon=8, state_dropout_prob=0.1, frozen_dtype="bfloat16", compute_dtype="bfloat16"
+    )
     model = GR00TN16(config)
     with torch.no_grad():
         model.action_head.vlln.weight.add_(0.123)  # not an init value

@@ -87,6 +87,7 @@ def test_flops_grow_when_more_is_trainable() -> None:
         ("dit_num_heads", 31, "input_embedding_dim"),
         ("dit_dropout", 1.5, "dit_dropout"),
         ("llm_num_layers", 0, "llm_num_layers"),
+        ("compute_dtype", None, "must match when compute_dtype is None"),
     ],
 )
 def test_invalid_config_names_the_field(field, value, message) -> None:

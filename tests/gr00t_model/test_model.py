@@ -75,7 +75,9 @@ def test_gradients_reach_exactly_the_trainable_parameters() -> None:
     ],
 )
 def test_training_policy_switches(overrides, trained, frozen) -> None:
-    model = GR00TN16(GR00TConfig.preset("tiny", frozen_dtype="bfloat16", **overrides))
+    model = GR00TN16(
+        GR00TConfig.preset("tiny", frozen_dtype="bfloat16", compute_dtype="bfloat16", **overrides)
+    )
     names = _trained_names(model)
     for prefix in trained:
         assert any(n.startswith(prefix) for n in names), prefix

@@ -169,6 +169,11 @@ class GR00TConfig:
             raise ValueError(
                 f"GR00TConfig.compute_dtype must be one of {DTYPES} or None, got {self.compute_dtype!r}"
             )
+        if self.compute_dtype in (None, "float32") and self.frozen_dtype != self.trainable_dtype:
+            raise ValueError(
+                "GR00TConfig.frozen_dtype and trainable_dtype must match when compute_dtype is None/float32 "
+                f"(no autocast to reconcile them), got {self.frozen_dtype!r} and {self.trainable_dtype!r}"
+            )
         unit = self.vision_patch_size * self.downsample_factor
         if len(self.image_size) != 2 or any(s <= 0 or s % unit for s in self.image_size):
             raise ValueError(
