@@ -158,19 +158,30 @@ def compare_modes(
 
 
 # ------------------------------------------------------------------------------------------- bf16 parameters
-def bf16_master_weights(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
-    """bf16 parameters: DistributedAdamW vs a hand-written fp32-master reference (fp32 gradient
-    accumulation, mean over ranks, AdamW on fp32 masters, cast back to bf16)."""
+def _bf16_model(mixed: bool) -> ToyNet:
+    module = make_model(dtype=torch.bfloat16)
+    if mixed:  # an fp32 head on a bf16 body: two buffers, one per parameter dtype
+        module.head.float()
+    return module
+
+
+def bf16_master_weights(ctx: Any, steps: int = 3, micro: int = 2, mixed: bool = False) -> dict[str, Any]:
+    """bf16 parameters (or bf16 + fp32 with `mixed`, under bf16 autocast): DistributedAdamW vs a
+    hand-written fp32-master reference (fp32 gradient accumulation, mean over ranks, AdamW on fp32
+    masters, cast back to the parameter dtype)."""
     out = {}
     for gather_overlap in (True, False):
-        module = make_model(dtype=torch.bfloat16)
+        module = _bf16_model(mixed)
         config = OverlapConfig(bucket_size=600, overlap_param_gather=gather_overlap)
         model = OverlapDataParallel(module, config, process_group=ctx.group)
+        assert len(model.layout.buffers) == (2 if mixed else 1)
         opt = DistributedAdamW(model, **ADAMW)
-        run_steps(ctx, model, opt, make_scheduler(opt), range(steps), micro, dtype=torch.bfloat16)
+        run_steps(
+            ctx, model, opt, make_scheduler(opt), range(steps), micro, autocast=mixed, dtype=torch.bfloat16
+        )
         out[f"zero1_gather_overlap={gather_overlap}"] = params_of(module)
 
-    module = make_model(dtype=torch.bfloat16)
+    module = _bf16_model(mixed)
     trainable = [p for p in module.parameters() if p.requires_grad]
     masters = [p.detach().float().clone() for p in trainable]
     opt = torch.optim.AdamW(masters, **ADAMW)
@@ -179,7 +190,9 @@ def bf16_master_weights(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, A
         acc = [torch.zeros_like(m) for m in masters]
         for m in range(micro):
             x, y = batch(step, m, ctx.rank, ctx.world_size, torch.bfloat16)
-            (F.mse_loss(module(x).float(), y.float()) / micro).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
+                out_ = module(x)
+            (F.mse_loss(out_.float(), y.float()) / micro).backward()
             for a, p in zip(acc, trainable):
                 a.add_(p.grad)
                 p.grad = None
@@ -338,7 +351,7 @@ def checkpoint_save(ctx: Any, save_at: int, steps: int, micro: int = 2) -> dict[
     """Train zero1 for `steps` steps, taking model + optimizer + scheduler state after `save_at`."""
     model, opt, sched, module = build(ctx, "zero1")
     run_steps(ctx, model, opt, sched, range(save_at), micro)
-    saved = {"model": module.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict()}
+    saved = {"model": params_of(module), "optim": opt.state_dict(), "sched": sched.state_dict()}
     run_steps(ctx, model, opt, sched, range(save_at, steps), micro)
     return {"saved": saved, "final": params_of(module)}
 
@@ -493,3 +506,18 @@ def compare_build_modes(ctx: Any) -> dict[str, Any]:
         norms = run_steps(ctx, model, opt, make_scheduler(opt), range(3), 2, clip=0.05)
         out[mode] = {"params": params_of(module), "norms": norms}
     return out
+
+
+def warnings_during_training(ctx: Any) -> list[str]:
+    """Every warning raised while training zero1 with an LR scheduler (deprecated collective names, a
+    scheduler that believes optimizer.step() was skipped, ...)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for mode in ("overlap", "zero1"):
+            model, opt, sched, module = build(ctx, mode)
+            run_steps(ctx, model, opt, sched, range(2), 2, clip=1.0)
+            if mode == "zero1":
+                opt.state_dict()
+    return [f"{w.category.__name__}: {w.message}" for w in caught]

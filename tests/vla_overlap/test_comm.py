@@ -7,7 +7,6 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-
 from vla_overlap._comm import CommStream, Communicator, first_available
 
 

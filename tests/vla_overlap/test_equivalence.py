@@ -74,12 +74,20 @@ def test_bf16_autocast_with_global_norm_clipping(mixed_runs, world_size: int) ->
     assert_params(result["zero1_nooverlap"]["params"], result["zero1"]["params"], bitwise=True)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_bf16_parameters_follow_fp32_master_weights(pool, world_size: int) -> None:
-    result = pool.run("bf16_master_weights", world_size)[0]
+@pytest.mark.parametrize(("world_size", "mixed"), [(2, False), (3, False), (2, True)])
+def test_bf16_parameters_follow_fp32_master_weights(pool, world_size: int, mixed: bool) -> None:
+    result = pool.run("bf16_master_weights", world_size, mixed=mixed)[0]
     for variant in ("zero1_gather_overlap=True", "zero1_gather_overlap=False"):
         assert_params(result[variant], result["reference"], bitwise=world_size == 2)
-        assert all(t.dtype == torch.bfloat16 for t in result[variant].values())
+        dtypes = {name: t.dtype for name, t in result[variant].items() if not name.startswith("frozen")}
+        assert all(
+            d == (torch.float32 if mixed and name.startswith("head") else torch.bfloat16)
+            for name, d in dtypes.items()
+        )
+
+
+def test_training_raises_no_warnings(pool) -> None:
+    assert pool.run("warnings_during_training", 2)[0] == []
 
 
 def test_build_data_parallel_covers_every_comm_mode(pool) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from vla_overlap import plan_layout
 from vla_overlap._layout import PARAM_ALIGN, SHARD_ALIGN
 
