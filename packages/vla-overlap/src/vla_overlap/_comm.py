@@ -82,6 +82,7 @@ class CommStream:
     def __init__(self, device: torch.device) -> None:
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._device = device
+        self._forked = False
 
     @contextmanager
     def launch(self) -> Iterator[None]:
@@ -89,9 +90,13 @@ class CommStream:
             yield
             return
         self._stream.wait_stream(torch.cuda.current_stream(self._device))
+        self._forked = True
         with torch.cuda.stream(self._stream):
             yield
 
     def join(self) -> None:
-        if self._stream is not None:
+        # Only after a launch: inside CUDA graph capture, waiting on a side stream that never joined the
+        # capture would be an illegal dependency on uncaptured work.
+        if self._stream is not None and self._forked:
             torch.cuda.current_stream(self._device).wait_stream(self._stream)
+            self._forked = False
