@@ -521,3 +521,27 @@ def warnings_during_training(ctx: Any) -> list[str]:
             if mode == "zero1":
                 opt.state_dict()
     return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def load_weights_into_running_zero1(ctx: Any) -> dict[str, bool]:
+    """bf16 parameters, lazy gathers pending after a step, then module.load_state_dict(new weights): the
+    loaded values must survive state_dict reads, a forward pass and an lr=0 step (stale fp32 masters or
+    late gathers would bring the old weights back)."""
+    module = make_model(dtype=torch.bfloat16)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    opt = DistributedAdamW(model, **ADAMW)
+    run_steps(ctx, model, opt, make_scheduler(opt), range(1), 2, dtype=torch.bfloat16)
+    assert model._gather.pending, "the scenario needs gathers still pending"
+    weights = params_of(make_model(seed=7, dtype=torch.bfloat16))
+    module.load_state_dict(weights)
+    checks = {"after_load": all(torch.equal(v, weights[k]) for k, v in params_of(module).items())}
+    x, y = batch(5, 0, ctx.rank, ctx.world_size, torch.bfloat16)
+    model(x)
+    checks["after_forward"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
+    for group in opt.param_groups:
+        group["lr"], group["weight_decay"] = 0.0, 0.0
+    model.zero_grad()
+    F.mse_loss(model(x).float(), y.float()).backward()
+    opt.step()
+    checks["after_step"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
+    return checks

@@ -48,3 +48,8 @@ def test_resume_at_any_world_size_follows_the_same_trajectory(pool, saved_run, w
     for name, entry in original["state"].items():
         for key, value in entry.items():
             assert torch.equal(resaved["state"][name][key], value), (name, key)
+
+
+def test_weights_loaded_into_a_running_zero1_model_are_kept(pool) -> None:
+    for checks in pool.run("load_weights_into_running_zero1", 2):
+        assert checks == {"after_load": True, "after_forward": True, "after_step": True}

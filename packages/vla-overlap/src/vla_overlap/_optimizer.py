@@ -87,6 +87,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._groups_fixed = True
         self._share_inner_groups()
         self._grads_ready = False
+        self._masters_stale = False
 
     def _share_inner_groups(self) -> None:
         # One set of groups and state, the inner AdamW's: schedulers and inspection see the real thing.
@@ -98,6 +99,19 @@ class DistributedAdamW(torch.optim.Optimizer):
         if getattr(self, "_groups_fixed", False):
             raise NotImplementedError("DistributedAdamW's parameter groups are fixed at construction")
         super().add_param_group(param_group)
+
+    def mark_params_changed(self) -> None:
+        """The parameters were changed outside this optimizer (the module's `load_state_dict` calls this for
+        you): the fp32 master weights are re-read from them before they are next used."""
+        self._masters_stale = True
+
+    def _refresh_masters(self) -> None:
+        if self._masters_stale:
+            for bucket, master in enumerate(self.masters):
+                shard = self._model._gather.shard_view(bucket)
+                if master is not shard:
+                    master.copy_(shard)
+            self._masters_stale = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new step: zeroes the model's gradient buffers."""
@@ -148,6 +162,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("DistributedAdamW.step does not take a closure")
         self._model.finish_param_sync()  # no gather may still be writing into the parameter buffer
+        self._refresh_masters()
         self._prepare_grads()
         self.inner.step()
         self._write_back()
@@ -165,6 +180,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         """Full, unsharded state keyed by parameter name (a collective: every rank must call it; every rank
         gets the same result, on CPU). Loadable at any world size and bucket size."""
         self._model.finish_param_sync()
+        self._refresh_masters()
         return gather_state_dict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -172,6 +188,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         weights (a collective: every rank must call it)."""
         self._model.finish_param_sync()
         scatter_state_dict(self, state_dict)
+        self._masters_stale = False  # the saved masters are exact; they win over bf16 parameters
         self._share_inner_groups()  # the inner load_state_dict replaced its group list
         self._write_back()
         self._model._start_param_gather()

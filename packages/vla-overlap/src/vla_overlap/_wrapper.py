@@ -254,7 +254,12 @@ class OverlapDataParallel(nn.Module):
         self._gather = ParamGather(self.layout, self._params, self._device, self._comm, self._stream)
         if self.config.overlap_param_gather:
             self._register_gather_pre_hooks()
-        self.module.register_state_dict_pre_hook(lambda *args, **kwargs: self.finish_param_sync())
+        # Reading or loading parameters through (sub)module state dicts must not race pending gathers, and
+        # parameters loaded in place make the optimizer's fp32 master weights stale.
+        for module in {self.module, *(m for m, _ in self._modules_with_params())}:
+            module.register_state_dict_pre_hook(lambda *_: self.finish_param_sync())
+            module.register_load_state_dict_pre_hook(lambda *_: self.finish_param_sync())
+            module.register_load_state_dict_post_hook(lambda *_: optimizer.mark_params_changed())
         return self._gather
 
     def _start_param_gather(self) -> None:
@@ -264,18 +269,16 @@ class OverlapDataParallel(nn.Module):
         if not self.config.overlap_param_gather:
             self._gather.finish()
 
-    def _register_gather_pre_hooks(self) -> None:
+    def _modules_with_params(self) -> Iterator[tuple[nn.Module, list[int]]]:
+        """Every submodule that directly owns trainable parameters, with their buckets in forward order."""
         for module in self.module.modules():
-            buckets = sorted(
-                {
-                    self.layout.slots[self._slot_of[id(p)]].bucket
-                    for p in module.parameters(recurse=False)
-                    if id(p) in self._slot_of
-                },
-                reverse=True,  # forward order
-            )
-            if buckets:
-                module.register_forward_pre_hook(self._make_gather_hook(buckets))
+            own = {self._slot_of[id(p)] for p in module.parameters(recurse=False) if id(p) in self._slot_of}
+            if own:
+                yield module, sorted({self.layout.slots[i].bucket for i in own}, reverse=True)
+
+    def _register_gather_pre_hooks(self) -> None:
+        for module, buckets in self._modules_with_params():
+            module.register_forward_pre_hook(self._make_gather_hook(buckets))
 
     def _make_gather_hook(self, buckets: list[int]) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
