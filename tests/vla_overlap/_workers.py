@@ -545,3 +545,12 @@ def load_weights_into_running_zero1(ctx: Any) -> dict[str, bool]:
     opt.step()
     checks["after_step"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
     return checks
+
+
+def broadcast_on_wrap(ctx: Any) -> dict[str, Any]:
+    """Ranks start from different weights (and a module buffer); wrapping makes them rank 0's."""
+    module = make_model(seed=ctx.rank)
+    module.register_buffer("running", torch.full((3,), float(ctx.rank)))
+    before = params_of(module)
+    OverlapDataParallel(module, OverlapConfig(), process_group=ctx.group)
+    return {"before": before, "after": params_of(module)}

@@ -52,3 +52,11 @@ def test_parameters_unused_on_some_ranks_are_reduced_like_ddp_find_unused(pool) 
         assert "error" not in result, result.get("error")
         for name, expected in result["ddp"].items():
             assert torch.equal(result["ours"][name], expected), name
+
+
+def test_wrapping_broadcasts_rank_zeros_parameters_and_buffers(pool) -> None:
+    results = pool.run("broadcast_on_wrap", 3)
+    assert not torch.equal(results[1]["before"]["head.weight"], results[0]["before"]["head.weight"])
+    for result in results:
+        for name, value in results[0]["before"].items():  # frozen parameters and buffers included
+            assert torch.equal(result["after"][name], value), name

@@ -297,14 +297,19 @@ class OverlapDataParallel(nn.Module):
         with torch.no_grad():
             for group in groups.values():
                 chunk: list[torch.Tensor] = []
+                size = 0
                 for i, tensor in enumerate(group):
                     chunk.append(tensor)
-                    size = sum(t.numel() * t.element_size() for t in chunk)
+                    size += tensor.numel() * tensor.element_size()
                     if size >= _BROADCAST_CHUNK_BYTES or i == len(group) - 1:
-                        flat = torch.cat([t.reshape(-1) for t in chunk])
-                        self._comm.broadcast_now(flat)
-                        offset = 0
-                        for t in chunk:
-                            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                            offset += t.numel()
-                        chunk = []
+                        self._broadcast_chunk(chunk)
+                        chunk, size = [], 0
+
+    def _broadcast_chunk(self, chunk: list[torch.Tensor]) -> None:
+        """One collective for many tensors of a dtype: flatten, broadcast, copy back."""
+        flat = torch.cat([t.reshape(-1) for t in chunk])
+        self._comm.broadcast_now(flat)
+        offset = 0
+        for t in chunk:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
