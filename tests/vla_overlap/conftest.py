@@ -14,7 +14,7 @@ if HERE not in sys.path:  # the spawned workers inherit sys.path and import thei
 
 @pytest.fixture(scope="session")
 def pool():
-    from _pool import WorkerPool
+    from _overlap_pool import WorkerPool
 
     workers = WorkerPool()
     yield workers

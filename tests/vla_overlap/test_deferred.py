@@ -1,6 +1,6 @@
 """No buffer is read before its collective was waited on, nor written while in flight.
 
-The deferred process group (see _deferred_pg.py) poisons every buffer a collective may write with NaN at
+The deferred process group (see _overlap_deferred_pg.py) poisons every buffer a collective may write with NaN at
 launch and writes the result only on wait(); results must be bitwise equal to those on plain gloo. Two
 sabotaged builds (a missing gradient wait, a forward pre-hook that dispatches without waiting) prove the
 check can fail. The model runs its blocks in reverse registration order, so parameter gathers are

@@ -2,7 +2,7 @@
 
 Four processes join one default group; sub-groups of the first k ranks (k = 1..4) give every world size,
 each also as a deferred (fake) group. `pool.run(name, world_size, **kwargs)` calls
-`_workers.<name>(ctx, **kwargs)` on ranks < world_size and returns their results in rank order.
+`_overlap_workers.<name>(ctx, **kwargs)` on ranks < world_size and returns their results in rank order.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def _dumps(value: Any) -> bytes:
 
 
 def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
-    import _deferred_pg
+    import _overlap_deferred_pg
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    _deferred_pg.register()
+    _overlap_deferred_pg.register()
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store_path}",
@@ -56,7 +56,7 @@ def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
             dist.new_group(ranks, timeout=COLLECTIVE_TIMEOUT) if size < MAX_WORLD else dist.group.WORLD
         )
         deferred[size] = dist.new_group(ranks, backend="deferred", timeout=COLLECTIVE_TIMEOUT)
-    import _workers
+    import _overlap_workers
 
     while True:
         task = tasks.get()
@@ -67,7 +67,7 @@ def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
             value = None
             if rank < world_size:
                 ctx = Ctx(rank, world_size, groups[world_size], deferred[world_size])
-                value = getattr(_workers, name)(ctx, **kwargs)
+                value = getattr(_overlap_workers, name)(ctx, **kwargs)
             results.put((rank, True, _dumps(value)))
         except BaseException:  # report everything, keep serving
             results.put((rank, False, traceback.format_exc()))
