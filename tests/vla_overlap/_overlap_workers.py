@@ -118,15 +118,21 @@ def run_steps(
     return norms
 
 
+def param_groups(module: nn.Module) -> list[dict[str, Any]]:
+    """Two groups, as fine-tuning recipes use: no weight decay (and a higher lr) for biases and norms."""
+    trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trainable if p.dim() >= 2]
+    rest = [p for n, p in trainable if p.dim() < 2]
+    return [{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": 2e-2}]
+
+
 def build(ctx: Any, mode: str, group: Any = None, bucket_size: int = 600, **model_kwargs: Any):
     """(wrapped model, optimizer, scheduler, inner module) for one mode, from the same seeded model."""
     group = group if group is not None else ctx.group
     module = make_model(**model_kwargs)
     if mode == "ddp":
         model: nn.Module = DistributedDataParallel(module, process_group=group)
-        opt: torch.optim.Optimizer = torch.optim.AdamW(
-            [p for p in module.parameters() if p.requires_grad], **ADAMW
-        )
+        opt: torch.optim.Optimizer = torch.optim.AdamW(param_groups(module), **ADAMW)
     else:
         overlap = mode in ("overlap", "zero1", "zero1_sync_gather")
         config = OverlapConfig(
@@ -136,9 +142,9 @@ def build(ctx: Any, mode: str, group: Any = None, bucket_size: int = 600, **mode
         )
         model = OverlapDataParallel(module, config, process_group=group)
         if mode.startswith("zero1"):
-            opt = DistributedAdamW(model, **ADAMW)
+            opt = DistributedAdamW(model, param_groups(module), **ADAMW)
         else:
-            opt = torch.optim.AdamW(model.trainable_parameters(), **ADAMW)
+            opt = torch.optim.AdamW(param_groups(module), **ADAMW)
     return model, opt, make_scheduler(opt), module
 
 
@@ -363,7 +369,7 @@ def checkpoint_resume(
     loading to prove the round trip is lossless."""
     module = make_model(seed=123)
     model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
-    opt = DistributedAdamW(model, **ADAMW)
+    opt = DistributedAdamW(model, param_groups(module), **ADAMW)
     sched = make_scheduler(opt)
     module.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optim"])
