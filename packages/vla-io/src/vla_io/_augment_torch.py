@@ -71,3 +71,15 @@ def apply_torch(frames: torch.Tensor, params: ImageParams, cfg: ImageTransformCo
     mean = torch.tensor(cfg.mean, dtype=torch.float32, device=device).view(1, c, 1, 1) * 255.0
     std = torch.tensor(cfg.std, dtype=torch.float32, device=device).view(1, c, 1, 1) * 255.0
     return ((x - mean) / std).to(getattr(torch, cfg.output_dtype))
+
+
+def resize_uint8(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> uint8 (N, C, h, w), antialiased linear resampling of the whole frame."""
+    n, _, height, width = frames.shape
+    if (height, width) == tuple(size):
+        return frames
+    zeros = torch.zeros(n, dtype=torch.float64)
+    wy = resample_weights(zeros, zeros + height, size[0], height).to(torch.float32)
+    wx = resample_weights(zeros, zeros + width, size[1], width).to(torch.float32)
+    x = (wy[:, None] @ frames.to(torch.float32)) @ wx.transpose(1, 2)[:, None]
+    return x.round_().clamp_(0, 255).to(torch.uint8)
