@@ -42,7 +42,36 @@ _EXPORTS = {
 }
 _ALIASES = {"SYNTH_PRESETS": "PRESETS"}
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "__version__",
+    "DatasetFormatError",
+    "DatasetMeta",
+    "Episode",
+    "EpochSampler",
+    "FrameCache",
+    "FrameTimestampError",
+    "ImageAugment",
+    "ImageParams",
+    "ImageTransformConfig",
+    "LeRobotDataset",
+    "MissingExtraError",
+    "Modality",
+    "ModalityEntry",
+    "Pipeline",
+    "PipelineConfig",
+    "SYNTH_PRESETS",
+    "SynthConfig",
+    "VideoDecodeError",
+    "VideoSpan",
+    "VlaIoError",
+    "WorkerError",
+    "available_backends",
+    "collate",
+    "open_reader",
+    "read_frame_marker",
+    "sample_params",
+    "write_synthetic_dataset",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -50,7 +50,9 @@ class ImageAugment:
         self._dali: dict[str, Any] = {}
         self._rng = np.random.default_rng(config.seed)
 
-    def params(self, num_samples: int, num_views: int, height: int, width: int, seeds: Any = None) -> ImageParams:
+    def params(
+        self, num_samples: int, num_views: int, height: int, width: int, seeds: Any = None
+    ) -> ImageParams:
         """Random parameters for a batch (from per-sample seeds when given)."""
         seeds = None if seeds is None else np.asarray(torch.as_tensor(seeds).cpu()).reshape(-1)
         rng = None if seeds is not None else self._rng
@@ -59,7 +61,9 @@ class ImageAugment:
     def run(self, frames: torch.Tensor, params: ImageParams) -> torch.Tensor:
         """The transform of uint8 (N, C, H, W) frames with explicit per-image parameters."""
         if frames.dtype != torch.uint8 or frames.ndim != 4:
-            raise TypeError(f"ImageAugment expects uint8 (N, C, H, W) frames, got {frames.dtype} {tuple(frames.shape)}")
+            raise TypeError(
+                f"ImageAugment expects uint8 (N, C, H, W) frames, got {frames.dtype} {tuple(frames.shape)}"
+            )
         if self.backend == "torch":
             return apply_torch(frames, params, self.config)
         device = str(frames.device)
@@ -69,7 +73,9 @@ class ImageAugment:
             self._dali[device] = DaliImageTransform(self.config, frames.device, self._dali_threads)
         return self._dali[device](frames, params)
 
-    def apply(self, frames: torch.Tensor, seeds: Any = None, params: ImageParams | None = None) -> torch.Tensor:
+    def apply(
+        self, frames: torch.Tensor, seeds: Any = None, params: ImageParams | None = None
+    ) -> torch.Tensor:
         """uint8 (B, C, H, W) or (B, V, C, H, W) -> float (B, [V,] C, h, w) on the same device."""
         if frames.ndim not in (4, 5):
             raise ValueError(f"frames must be (B, C, H, W) or (B, V, C, H, W), got {tuple(frames.shape)}")

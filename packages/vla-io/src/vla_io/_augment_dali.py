@@ -35,7 +35,9 @@ def _extra_name() -> str:
 class DaliImageTransform:
     """Runs `ImageTransformConfig` with DALI on CPU (`device="cpu"`) or GPU (`device="cuda[:i]"`)."""
 
-    def __init__(self, cfg: ImageTransformConfig, device: str | torch.device = "cpu", num_threads: int = 2) -> None:
+    def __init__(
+        self, cfg: ImageTransformConfig, device: str | torch.device = "cpu", num_threads: int = 2
+    ) -> None:
         err = dali_error()
         if err is not None:
             raise missing_extra("nvidia-dali", _extra_name(), err)
@@ -61,7 +63,9 @@ class DaliImageTransform:
             prefetch_queue_depth=1, exec_async=False, exec_pipelined=False,
         )  # fmt: skip
         def graph():
-            frames = fn.external_source(name="frames", layout="HWC", dtype=types.UINT8, device="gpu" if on_gpu else "cpu")
+            frames = fn.external_source(
+                name="frames", layout="HWC", dtype=types.UINT8, device="gpu" if on_gpu else "cpu"
+            )
             args = {n: fn.external_source(name=n, dtype=types.FLOAT) for n in _INPUTS[1:]}
             x = fn.resize(
                 frames, size=list(cfg.size), roi_start=args["roi_start"], roi_end=args["roi_end"],
@@ -69,7 +73,10 @@ class DaliImageTransform:
             )  # fmt: skip
             if cfg.jitter:
                 x = fn.brightness_contrast(
-                    x, brightness=args["brightness"], contrast=args["contrast"], contrast_center=CONTRAST_CENTER
+                    x,
+                    brightness=args["brightness"],
+                    contrast=args["contrast"],
+                    contrast_center=CONTRAST_CENTER,
                 )
                 if cfg.saturation or cfg.hue:
                     x = fn.hsv(x, hue=args["hue"], saturation=args["saturation"], dtype=types.FLOAT)
@@ -120,6 +127,8 @@ def _to_torch(out, device: torch.device, dtype: str, stream) -> torch.Tensor:
     else:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        result = torch.empty(dense.shape(), dtype=torch.float16 if dtype == "float16" else torch.float32, device=device)
+        result = torch.empty(
+            dense.shape(), dtype=torch.float16 if dtype == "float16" else torch.float32, device=device
+        )
         feed_ndarray(dense, result, cuda_stream=stream)
     return result.to(getattr(torch, dtype))

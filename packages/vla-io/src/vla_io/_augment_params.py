@@ -54,9 +54,13 @@ class ImageTransformConfig:
             raise ValueError(f"ImageTransformConfig.size must be positive (height, width), got {self.size}")
         lo, hi = self.crop_scale
         if not 0 < lo <= hi <= 1:
-            raise ValueError(f"ImageTransformConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+            raise ValueError(
+                f"ImageTransformConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}"
+            )
         if self.crop_ratio is not None and not 0 < self.crop_ratio[0] <= self.crop_ratio[1]:
-            raise ValueError(f"ImageTransformConfig.crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
+            raise ValueError(
+                f"ImageTransformConfig.crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}"
+            )
         for name in ("brightness", "contrast", "saturation"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"ImageTransformConfig.{name} must be in [0, 1), got {getattr(self, name)}")
@@ -65,7 +69,9 @@ class ImageTransformConfig:
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise ValueError("ImageTransformConfig.mean and std need 3 values, std > 0")
         if self.output_dtype not in OUTPUT_DTYPES:
-            raise ValueError(f"ImageTransformConfig.output_dtype must be one of {OUTPUT_DTYPES}, got {self.output_dtype!r}")
+            raise ValueError(
+                f"ImageTransformConfig.output_dtype must be one of {OUTPUT_DTYPES}, got {self.output_dtype!r}"
+            )
 
     @property
     def jitter(self) -> bool:
@@ -91,7 +97,12 @@ class ImageParams:
 
     def full_frame(self, height: int, width: int) -> bool:
         """True when every crop box is the whole frame."""
-        return bool((self.y0 == 0).all() and (self.x0 == 0).all() and (self.y1 == height).all() and (self.x1 == width).all())
+        return bool(
+            (self.y0 == 0).all()
+            and (self.x0 == 0).all()
+            and (self.y1 == height).all()
+            and (self.x1 == width).all()
+        )
 
 
 def _draw(cfg: ImageTransformConfig, rng: np.random.Generator, height: int, width: int) -> list[float]:

@@ -15,14 +15,19 @@ import torch
 from ._augment_params import ImageParams, ImageTransformConfig
 
 # RGB -> YIQ, the space in which DALI's hsv operator rotates hue and scales saturation
-_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]], dtype=torch.float64)
+_YIQ = torch.tensor(
+    [[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]], dtype=torch.float64
+)
 CONTRAST_CENTER = 127.5
 
 
 def resample_weights(start: torch.Tensor, end: torch.Tensor, out_size: int, in_size: int) -> torch.Tensor:
     """(N, out_size, in_size) weights mapping the span [start, end) of each input row/column to out_size."""
     scale = (end - start) / out_size  # input pixels per output pixel
-    centers = start[:, None] + (torch.arange(out_size, dtype=start.dtype, device=start.device) + 0.5) * scale[:, None]
+    centers = (
+        start[:, None]
+        + (torch.arange(out_size, dtype=start.dtype, device=start.device) + 0.5) * scale[:, None]
+    )
     support = scale.clamp(min=1.0)  # widen the triangle when downscaling: antialiasing
     pad = int(math.ceil(float(support.max()))) + 1
     taps = torch.arange(-pad, in_size + pad, dtype=start.dtype, device=start.device) + 0.5
@@ -30,7 +35,9 @@ def resample_weights(start: torch.Tensor, end: torch.Tensor, out_size: int, in_s
     w = w / w.sum(-1, keepdim=True)
     # clamp-to-edge: weights of taps outside the image land on the nearest edge pixel
     index = (torch.arange(-pad, in_size + pad, device=start.device).clamp(0, in_size - 1)).expand_as(w)
-    return torch.zeros(w.shape[0], out_size, in_size, dtype=w.dtype, device=w.device).scatter_add_(2, index, w)
+    return torch.zeros(w.shape[0], out_size, in_size, dtype=w.dtype, device=w.device).scatter_add_(
+        2, index, w
+    )
 
 
 def color_matrices(params: ImageParams, device: torch.device) -> torch.Tensor:

@@ -81,7 +81,9 @@ class FrameCache:
                 frames = resize_uint8(frames.cpu(), size) if size else frames.cpu()
                 if key not in maps:
                     shape = [n, *frames.shape[1:]]
-                    maps[key] = np.lib.format.open_memmap(directory / f"{key}.npy", "w+", np.uint8, tuple(shape))
+                    maps[key] = np.lib.format.open_memmap(
+                        directory / f"{key}.npy", "w+", np.uint8, tuple(shape)
+                    )
                 maps[key][rows] = frames.numpy()
                 bar.update(len(rows))
             maps[key].flush()
@@ -95,7 +97,13 @@ class FrameCache:
         return cache
 
     @classmethod
-    def open(cls, dataset: Any, directory: str | Path | None = None, size: tuple[int, int] | None = None, check_frames: int = 4) -> FrameCache:
+    def open(
+        cls,
+        dataset: Any,
+        directory: str | Path | None = None,
+        size: tuple[int, int] | None = None,
+        check_frames: int = 4,
+    ) -> FrameCache:
         """Open a cache built for this dataset, validated against the source files and a few decoded frames."""
         directory = Path(directory or _default_dir(dataset, size))
         path = directory / MANIFEST
@@ -103,13 +111,17 @@ class FrameCache:
             raise FileNotFoundError(f"{path}: no frame cache here (build it with FrameCache.build)")
         manifest = json.loads(path.read_text())
         if manifest.get("format") != FORMAT:
-            raise DatasetFormatError(f"{path}: cache format {manifest.get('format')} is not {FORMAT}; rebuild it")
+            raise DatasetFormatError(
+                f"{path}: cache format {manifest.get('format')} is not {FORMAT}; rebuild it"
+            )
         now = _fingerprint(dataset, manifest["keys"])
         if now["episodes"] != manifest["episodes"]:
             raise DatasetFormatError(f"{path}: built for other episodes than the dataset's; rebuild it")
         changed = [f for f, stamp in now["files"].items() if manifest["files"].get(f) != stamp]
         if changed:
-            raise DatasetFormatError(f"{path}: source videos changed since the cache was built, e.g. {changed[0]}")
+            raise DatasetFormatError(
+                f"{path}: source videos changed since the cache was built, e.g. {changed[0]}"
+            )
         cache = cls(directory, manifest)
         cache._rows = np.arange(len(dataset))
         cache.verify(dataset, check_frames)

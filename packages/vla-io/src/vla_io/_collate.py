@@ -30,4 +30,7 @@ def collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def share(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The batch with its CPU tensors moved into shared memory (no-op for tensors already there)."""
-    return {k: (v.share_memory_() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v) for k, v in batch.items()}
+    return {
+        k: (v.share_memory_() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v)
+        for k, v in batch.items()
+    }

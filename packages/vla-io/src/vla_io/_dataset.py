@@ -68,9 +68,12 @@ class LeRobotDataset:
         self._table = FrameTable(self.meta, self._episodes, strict=strict, progress=progress)
         self.delta_timestamps = self._check_deltas(delta_timestamps or {})
         self._delta_indices = {
-            k: np.rint(np.asarray(v, dtype=np.float64) * self.fps).astype(np.int64) for k, v in self.delta_timestamps.items()
+            k: np.rint(np.asarray(v, dtype=np.float64) * self.fps).astype(np.int64)
+            for k, v in self.delta_timestamps.items()
         }
-        readers = ReaderCache(max_open_videos, backend=video_backend, device=decode_device, seek_mode=seek_mode)
+        readers = ReaderCache(
+            max_open_videos, backend=video_backend, device=decode_device, seek_mode=seek_mode
+        )
         self._fetcher = FrameFetcher(readers, self.fps, tolerance_s, strict)
         self.frame_cache: Any = None  # a FrameCache, set by FrameCache.attach
 
@@ -124,7 +127,11 @@ class LeRobotDataset:
         return {k: (v[0] if k != "task" else v[0]) for k, v in batch.items()}
 
     def get_batch(
-        self, indices: Sequence[int] | np.ndarray, *, image_dtype: str | None = None, shared_memory: bool = False
+        self,
+        indices: Sequence[int] | np.ndarray,
+        *,
+        image_dtype: str | None = None,
+        shared_memory: bool = False,
     ) -> dict[str, Any]:
         """The collated samples at `indices`: tensors with a leading batch axis, `task` a list of str.
 
@@ -144,7 +151,11 @@ class LeRobotDataset:
             else:
                 out[key] = column[rows]
         for key in self.video_keys:
-            q, pad = (_window(rows, start, end, self._delta_indices[key]) if key in self._delta_indices else (rows[:, None], None))
+            q, pad = (
+                _window(rows, start, end, self._delta_indices[key])
+                if key in self._delta_indices
+                else (rows[:, None], None)
+            )
             frames = self._frames(key, q, pos, shared_memory)
             out[key] = frames if pad is not None else frames[:, 0]
             if pad is not None:
@@ -184,7 +195,9 @@ class LeRobotDataset:
         known = {e.index: e for e in self.meta.episodes}
         unknown = [e for e in episodes if e not in known]
         if unknown:
-            raise KeyError(f"{self.root}: unknown episodes {unknown[:8]} (the dataset has {len(known)} episodes)")
+            raise KeyError(
+                f"{self.root}: unknown episodes {unknown[:8]} (the dataset has {len(known)} episodes)"
+            )
         return [known[e] for e in sorted(set(episodes))]
 
     def _resolve_video_keys(self, requested: Sequence[str] | None) -> list[str]:
@@ -192,17 +205,23 @@ class LeRobotDataset:
         if requested is not None:
             unknown = [k for k in requested if k not in declared]
             if unknown:
-                raise KeyError(f"{self.root}: unknown video keys {unknown}; declared video features: {declared}")
+                raise KeyError(
+                    f"{self.root}: unknown video keys {unknown}; declared video features: {declared}"
+                )
             for key in requested:
                 for ep in self._episodes:
                     span = ep.videos.get(key)
                     if span is None or not span.path.exists():
                         where = span.path if span else "(no file recorded in the episode metadata)"
-                        raise FileNotFoundError(f"{where}: video of episode {ep.index}, key {key!r} not found")
+                        raise FileNotFoundError(
+                            f"{where}: video of episode {ep.index}, key {key!r} not found"
+                        )
             return list(requested)
         keys = []
         for key in declared:
-            missing = [ep for ep in self._episodes if key not in ep.videos or not ep.videos[key].path.exists()]
+            missing = [
+                ep for ep in self._episodes if key not in ep.videos or not ep.videos[key].path.exists()
+            ]
             if len(missing) == len(self._episodes):
                 log.info("%s: ignoring declared video feature %r: no files on disk", self.root, key)
                 continue
@@ -218,7 +237,9 @@ class LeRobotDataset:
         checked = {}
         for key, values in deltas.items():
             if key not in known:
-                raise KeyError(f"{self.root}: delta_timestamps key {key!r} is not a feature; known: {sorted(known)}")
+                raise KeyError(
+                    f"{self.root}: delta_timestamps key {key!r} is not a feature; known: {sorted(known)}"
+                )
             values = [float(v) for v in values]
             if not values:
                 raise ValueError(f"delta_timestamps[{key!r}] is empty")

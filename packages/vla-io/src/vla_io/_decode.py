@@ -56,7 +56,9 @@ class TorchCodecReader:
 
         self.path, self.device = path, torch.device(device)
         kwargs = {"num_ffmpeg_threads": threads} if self.device.type == "cpu" else {}
-        self._decoder = VideoDecoder(path, seek_mode=seek_mode, device=device, dimension_order="NCHW", **kwargs)
+        self._decoder = VideoDecoder(
+            path, seek_mode=seek_mode, device=device, dimension_order="NCHW", **kwargs
+        )
         self.num_frames = int(self._decoder.metadata.num_frames or 0)
 
     def frames_at(self, indices: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
@@ -145,7 +147,9 @@ def open_reader(
             return TorchCodecReader(path, device, seek_mode, threads)
         return PyAVReader(path, threads)
     except Exception as err:
-        raise VideoDecodeError(f"{path}: cannot open video with {backend} ({type(err).__name__}: {err})") from err
+        raise VideoDecodeError(
+            f"{path}: cannot open video with {backend} ({type(err).__name__}: {err})"
+        ) from err
 
 
 class ReaderCache:

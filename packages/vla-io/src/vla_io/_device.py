@@ -16,13 +16,15 @@ Batch = dict[str, Any]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> the current CUDA device when there is one, else CPU; errors name the field."""
+    """ "auto" -> the current CUDA device when there is one, else CPU; errors name the field."""
     if str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("PipelineConfig.device is 'cuda' but CUDA is not available (use 'cpu' or 'auto')")
+            raise ValueError(
+                "PipelineConfig.device is 'cuda' but CUDA is not available (use 'cpu' or 'auto')"
+            )
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
@@ -64,7 +66,9 @@ class HostToDevice:
         if self.cuda:
             torch.cuda.set_device(self.device)
 
-    def copy(self, batch: Batch, device_transform: Callable[[Batch], Batch] | None = None) -> tuple[Batch, Any]:
+    def copy(
+        self, batch: Batch, device_transform: Callable[[Batch], Batch] | None = None
+    ) -> tuple[Batch, Any]:
         """The batch on the device (and transformed), plus the event to wait for before using it."""
         if not self.cuda:
             out = map_tensors(batch, lambda _, t: t)

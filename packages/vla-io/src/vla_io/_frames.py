@@ -48,7 +48,9 @@ class FrameFetcher:
                 raise VideoDecodeError(
                     f"{path}: key {request.key!r} frames are {tuple(frames.shape[1:])}, other files gave {tuple(out.shape[1:])}"
                 )
-            out[torch.from_numpy(slots_arr).to(out.device)] = frames[torch.from_numpy(inverse).to(frames.device)]
+            out[torch.from_numpy(slots_arr).to(out.device)] = frames[
+                torch.from_numpy(inverse).to(frames.device)
+            ]
         assert out is not None
         return out
 
@@ -61,7 +63,9 @@ class FrameFetcher:
         try:
             reader = self.readers.get(path)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: video of episode {first.index}, key {key!r} not found") from None
+            raise FileNotFoundError(
+                f"{path}: video of episode {first.index}, key {key!r} not found"
+            ) from None
         except VideoDecodeError as err:
             raise VideoDecodeError(f"episode {first.index}, key {key!r}: {err}") from err
         for s in slots:
@@ -107,4 +111,3 @@ class FrameFetcher:
                 f"the episode needs frames {first}..{need - 1} ({ep.length} rows)"
             )
         self._checked.add((reader.path, ep.index))
-

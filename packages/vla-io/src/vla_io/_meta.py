@@ -152,7 +152,9 @@ class DatasetMeta:
             chunk = index // chunks
             data = self.root / self.info["data_path"].format(episode_chunk=chunk, episode_index=index)
             videos = {
-                key: VideoSpan(self.root / video_path.format(episode_chunk=chunk, video_key=key, episode_index=index))
+                key: VideoSpan(
+                    self.root / video_path.format(episode_chunk=chunk, video_key=key, episode_index=index)
+                )
                 for key in self.video_keys
                 if video_path
             }
@@ -191,7 +193,12 @@ class DatasetMeta:
             )
             videos[key] = VideoSpan(self.root / file, float(row.get(f"videos/{key}/from_timestamp") or 0.0))
         return Episode(
-            index, int(need("length")), list(row.get("tasks") or []), data, videos, int(need("dataset_from_index"))
+            index,
+            int(need("length")),
+            list(row.get("tasks") or []),
+            data,
+            videos,
+            int(need("dataset_from_index")),
         )
 
     def _stats(self) -> Stats | None:

@@ -60,7 +60,9 @@ class Modality:
                 start, end = spec.get("start"), spec.get("end")
                 if (start is None) != (end is None):
                     raise DatasetFormatError(f"{where} needs both 'start' and 'end' or neither")
-                if start is not None and not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end):
+                if start is not None and not (
+                    isinstance(start, int) and isinstance(end, int) and 0 <= start < end
+                ):
                     raise DatasetFormatError(f"{where}: need integers 0 <= start < end, got {start}, {end}")
                 default = DEFAULT_KEYS.get(group) if start is not None else None
                 if group == "annotation":
@@ -129,7 +131,10 @@ class Modality:
         return out
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{e.output_key}<-{e.key}" + (f"[{e.start}:{e.end}]" if e.start is not None else "") for e in self.entries)
+        parts = ", ".join(
+            f"{e.output_key}<-{e.key}" + (f"[{e.start}:{e.end}]" if e.start is not None else "")
+            for e in self.entries
+        )
         return f"Modality({parts})"
 
 

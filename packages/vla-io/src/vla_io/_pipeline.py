@@ -10,6 +10,7 @@ exactly, and `synchronous=True` produces the same batches in the caller's thread
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -56,7 +57,9 @@ class Pipeline:
                 raise TypeError("Pipeline needs batch_size (or a PipelineConfig)")
             config = PipelineConfig(batch_size=batch_size, **options)
         elif batch_size is not None or options:
-            config = dataclasses.replace(config, **({"batch_size": batch_size} if batch_size else {}), **options)
+            config = dataclasses.replace(
+                config, **({"batch_size": batch_size} if batch_size else {}), **options
+            )
         self.config, self.dataset = config, dataset
         self.transform, self.device_transform = transform, device_transform
         self.sampler = EpochSampler(
@@ -88,7 +91,9 @@ class Pipeline:
             else:
                 tag, batch, event = self._ensure_producer().next(self._stats)
                 if tag != (self._epoch, self._batch):
-                    raise RuntimeError(f"pipeline delivered batch {tag}, expected {(self._epoch, self._batch)}")
+                    raise RuntimeError(
+                        f"pipeline delivered batch {tag}, expected {(self._epoch, self._batch)}"
+                    )
                 batch = hand_over(batch, event)
             self._advance()
             yield batch
@@ -144,7 +149,9 @@ class Pipeline:
         mine = self.state_dict()
         for name in _STATE_FIELDS:
             if name in state and state[name] != mine[name]:
-                raise ValueError(f"Pipeline state has {name}={state[name]!r}, this pipeline has {mine[name]!r}")
+                raise ValueError(
+                    f"Pipeline state has {name}={state[name]!r}, this pipeline has {mine[name]!r}"
+                )
         epoch, batch = int(state["epoch"]), int(state["batch"])
         if not 0 <= batch < len(self):
             raise ValueError(f"Pipeline state batch {batch} outside [0, {len(self)})")
@@ -178,7 +185,5 @@ class Pipeline:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

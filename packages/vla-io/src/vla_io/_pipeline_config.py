@@ -56,10 +56,16 @@ class PipelineConfig:
         if self.num_workers < 0:
             raise ValueError(f"PipelineConfig.num_workers must be >= 0, got {self.num_workers}")
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"PipelineConfig.rank must be in [0, world_size={self.world_size}), got {self.rank}")
+            raise ValueError(
+                f"PipelineConfig.rank must be in [0, world_size={self.world_size}), got {self.rank}"
+            )
         if self.start_method not in START_METHODS:
-            raise ValueError(f"PipelineConfig.start_method must be one of {START_METHODS}, got {self.start_method!r}")
+            raise ValueError(
+                f"PipelineConfig.start_method must be one of {START_METHODS}, got {self.start_method!r}"
+            )
         if self.image_dtype not in (None, "uint8", "float32"):
-            raise ValueError(f"PipelineConfig.image_dtype must be None, 'uint8' or 'float32', got {self.image_dtype!r}")
+            raise ValueError(
+                f"PipelineConfig.image_dtype must be None, 'uint8' or 'float32', got {self.image_dtype!r}"
+            )
         if self.timeout_s <= 0:
             raise ValueError(f"PipelineConfig.timeout_s must be > 0, got {self.timeout_s}")

@@ -93,13 +93,22 @@ class Producer:
         self.dataset, self.sampler, self.config = dataset, sampler, config
         self.transform, self.device_transform, self.h2d, self.stats = transform, device_transform, h2d, stats
         self.start = start
-        self.submitted: deque[tuple[int, int]] = deque(maxlen=4096)  # tags in submission order (tests, debugging)
+        self.submitted: deque[tuple[int, int]] = deque(
+            maxlen=4096
+        )  # tags in submission order (tests, debugging)
         self._stop = threading.Event()
         self._host: queue.Queue = queue.Queue(maxsize=config.host_buffers)
         self._ready: queue.Queue = queue.Queue(maxsize=config.device_buffers)
         # processes first: forking after our threads exist could copy a held lock into the child
         self._pool = (
-            WorkerPool(dataset, config.num_workers, config.start_method, config.image_dtype, config.seed, config.timeout_s)
+            WorkerPool(
+                dataset,
+                config.num_workers,
+                config.start_method,
+                config.image_dtype,
+                config.seed,
+                config.timeout_s,
+            )
             if config.num_workers > 0
             else None
         )

@@ -73,8 +73,12 @@ def _modality(cfg: SynthConfig) -> dict:
         return {fallback: {"start": 0, "end": dim}}
 
     return {
-        "state": slices(cfg.state_dim, [("eef_pos", 0, 3), ("eef_axis_angle", 3, 6), ("gripper", 6, 8)], "state"),
-        "action": slices(cfg.action_dim, [("eef_delta_pos", 0, 3), ("eef_delta_rot", 3, 6), ("gripper", 6, 7)], "action"),
+        "state": slices(
+            cfg.state_dim, [("eef_pos", 0, 3), ("eef_axis_angle", 3, 6), ("gripper", 6, 8)], "state"
+        ),
+        "action": slices(
+            cfg.action_dim, [("eef_delta_pos", 0, 3), ("eef_delta_rot", 3, 6), ("gripper", 6, 7)], "action"
+        ),
         "video": {c: {"original_key": _video_key(c)} for c in cfg.cameras},
         "annotation": {"human.task_description": {"original_key": "task_index"}},
     }
@@ -174,7 +178,9 @@ def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
         path = root / V21_DATA.format(episode_chunk=chunk, episode_index=ep)
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(_table(rows), path)
-        ep_stats = {k: feature_stats(v.reshape(len(v), -1) if v.ndim == 1 else v, False) for k, v in rows.items()}
+        ep_stats = {
+            k: feature_stats(v.reshape(len(v), -1) if v.ndim == 1 else v, False) for k, v in rows.items()
+        }
         for cam_i, cam in enumerate(cfg.cameras):
             key = _video_key(cam)
             sampled = []
@@ -211,7 +217,11 @@ class _V30Files:
         self.writers = {
             k: VideoWriter(
                 self.root / V30_VIDEO.format(video_key=k, chunk_index=chunk, file_index=file),
-                cfg.codec, cfg.fps, size, size, cfg.gop,
+                cfg.codec,
+                cfg.fps,
+                size,
+                size,
+                cfg.gop,
             )
             for k in self.keys
         }
@@ -280,8 +290,20 @@ def _write_tasks_parquet(path: Path, tasks: tuple[str, ...]) -> None:
         "index_columns": ["task"],
         "column_indexes": [],
         "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64", "metadata": None},
-            {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object", "metadata": None},
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": "task",
+                "field_name": "task",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
         ],
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": "2.2.0",

@@ -25,7 +25,9 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarra
             raise DatasetFormatError(f"{where}: {column.null_count} null rows")
         lengths = column.value_lengths().to_numpy(zero_copy_only=False) if len(column) else np.zeros(0, int)
         if len(lengths) and (lengths != lengths[0]).any():
-            raise DatasetFormatError(f"{where}: vector rows of different lengths {sorted(set(lengths.tolist()))}")
+            raise DatasetFormatError(
+                f"{where}: vector rows of different lengths {sorted(set(lengths.tolist()))}"
+            )
         flat = column.flatten().to_numpy(zero_copy_only=False)
         values = flat.reshape(len(column), int(lengths[0]) if len(lengths) else 0)
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -48,7 +50,9 @@ class FrameTable:
     `episodes`), and `row_episode[row]` gives that position back.
     """
 
-    def __init__(self, meta: DatasetMeta, episodes: Sequence[Episode], strict: bool = True, progress: bool = True) -> None:
+    def __init__(
+        self, meta: DatasetMeta, episodes: Sequence[Episode], strict: bool = True, progress: bool = True
+    ) -> None:
         from tqdm.auto import tqdm
 
         self.episodes = list(episodes)
@@ -59,7 +63,9 @@ class FrameTable:
         parts: dict[int, dict[str, np.ndarray]] = {}
         files = tqdm(by_file.items(), desc="reading parquet", disable=not progress or len(by_file) < 50)
         for path, positions in files:
-            parts.update(self._read_file(path, [self.episodes[p] for p in positions], positions, skip, strict))
+            parts.update(
+                self._read_file(path, [self.episodes[p] for p in positions], positions, skip, strict)
+            )
         keys = list(parts[0]) if parts else []
         for pos, part in parts.items():
             if list(part) != keys:
@@ -93,7 +99,9 @@ class FrameTable:
         elif len(episodes) == 1:
             episode_of_row = np.full(table.num_rows, episodes[0].index)
         else:
-            raise DatasetFormatError(f"{path}: no 'episode_index' column in a file shared by several episodes")
+            raise DatasetFormatError(
+                f"{path}: no 'episode_index' column in a file shared by several episodes"
+            )
         out = {}
         for pos, ep in zip(positions, episodes):
             rows = np.flatnonzero(episode_of_row == ep.index)
@@ -105,5 +113,7 @@ class FrameTable:
             out[pos] = {n: column_to_numpy(part[n], f"{path}: episode {ep.index}, key {n!r}") for n in names}
             frame_index = out[pos].get("frame_index")
             if strict and frame_index is not None and not np.array_equal(frame_index, np.arange(ep.length)):
-                raise DatasetFormatError(f"{path}: episode {ep.index}: 'frame_index' is not 0..{ep.length - 1}")
+                raise DatasetFormatError(
+                    f"{path}: episode {ep.index}: 'frame_index' is not 0..{ep.length - 1}"
+                )
         return out

@@ -43,7 +43,9 @@ class VideoWriter:
         import av
 
         if frame.shape != self._shape or frame.dtype != np.uint8:
-            raise ValueError(f"expected a uint8 frame of shape {self._shape}, got {frame.dtype} {frame.shape}")
+            raise ValueError(
+                f"expected a uint8 frame of shape {self._shape}, got {frame.dtype} {frame.shape}"
+            )
         video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
         video_frame.pts = self.frames_written
         video_frame.time_base = self._time_base

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -52,7 +53,9 @@ class _Failure:
     text: str
 
 
-def _worker_loop(worker: int, dataset: Any, tasks: Any, results: Any, image_dtype: str | None, seed: int) -> None:
+def _worker_loop(
+    worker: int, dataset: Any, tasks: Any, results: Any, image_dtype: str | None, seed: int
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
     torch.set_num_threads(1)
     np.random.seed((seed + worker) & 0xFFFFFFFF)
@@ -85,8 +88,10 @@ class WorkerPool:
         self._tasks = [ctx.Queue() for _ in range(num_workers)]
         self._procs = [
             ctx.Process(
-                target=_worker_loop, args=(i, dataset, self._tasks[i], self._results, image_dtype, seed),
-                daemon=True, name=f"vla-io-worker-{i}",
+                target=_worker_loop,
+                args=(i, dataset, self._tasks[i], self._results, image_dtype, seed),
+                daemon=True,
+                name=f"vla-io-worker-{i}",
             )  # fmt: skip
             for i in range(num_workers)
         ]
@@ -141,10 +146,8 @@ class WorkerPool:
     def close(self) -> None:
         """Stop the workers (politely, then by force) and release the queues."""
         for q in self._tasks:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 q.put(None)
-            except (OSError, ValueError):
-                pass
         deadline = time.monotonic() + 5.0
         for proc in self._procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -23,7 +23,9 @@ def _synth(args: argparse.Namespace) -> int:
     }  # fmt: skip
     config = PRESETS[args.preset].with_(**changes)
     root = write_synthetic_dataset(args.path, config, overwrite=args.overwrite)
-    print(f"wrote {config.episodes} episodes ({sum(config.lengths())} frames, {config.version}, {config.codec}) to {root}")
+    print(
+        f"wrote {config.episodes} episodes ({sum(config.lengths())} frames, {config.version}, {config.codec}) to {root}"
+    )
     return 0
 
 
@@ -58,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--codec", choices=CODECS, help="video codec (default av1)")
     synth.add_argument("--episodes", type=int)
     synth.add_argument("--length", type=int, help="frames of the longest episode")
-    synth.add_argument("--image-size", type=int, help="camera height and width (>= 64; 64 for fast CPU demos)")
+    synth.add_argument(
+        "--image-size", type=int, help="camera height and width (>= 64; 64 for fast CPU demos)"
+    )
     synth.add_argument("--fps", type=int)
     synth.add_argument("--seed", type=int)
     synth.add_argument("--overwrite", action="store_true")
