@@ -28,10 +28,15 @@ def _run(pipe, epochs=1):
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_async_equals_synchronous_reference(dataset, batches_equal, workers):
+@pytest.mark.parametrize(
+    ("workers", "affinity", "reuse"),
+    [(0, None, None), (2, None, None), (2, True, None), (3, True, True), (2, False, True)],
+)
+def test_async_equals_synchronous_reference(dataset, batches_equal, workers, affinity, reuse):
+    # all batches are kept until the end: a worker reusing memory too early would change earlier ones
     ref = _run(Pipeline(dataset, 4, synchronous=True, device="cpu", seed=5), 2)
-    with Pipeline(dataset, 4, num_workers=workers, seed=5, device="cpu") as pipe:
+    options = {"affinity": affinity, "reuse_shared_memory": reuse}
+    with Pipeline(dataset, 4, num_workers=workers, seed=5, device="cpu", **options) as pipe:
         got = _run(pipe, 2)
     assert len(got) == len(ref) == 2 * (len(dataset) // 4)
     for a, b in zip(ref, got):
@@ -239,3 +244,40 @@ def test_gpu_delivery_matches_reference(dataset, batches_equal):
         torch.testing.assert_close(a["observation.images.image"], b["observation.images.image"])
         assert torch.equal(a["action"], b["action"])
     assert np.isfinite(pipe.stats()["l3_wait_s"])
+
+
+def test_affinity_is_automatic(dataset, synth_root):
+    from vla_io._workers import use_affinity
+
+    assert not dataset.prefers_affinity()  # 4 files, 256 decoders per worker
+    few = LeRobotDataset(synth_root("v2.1", "av1"), max_open_videos=2, progress=False)
+    assert few.prefers_affinity() and use_affinity(few, None) and not use_affinity(few, False)
+    assert not use_affinity(object(), True)  # a dataset without affinity() cannot be routed
+
+
+def test_affinity_routes_each_episode_to_one_worker(dataset):
+    from vla_io._workers import assemble, plan_parts
+
+    sampler = EpochSampler(len(dataset), 16, seed=4)
+    owner = {}
+    for b in range(sampler.batches_per_epoch):
+        task = sampler.task(0, b)
+        plan = plan_parts(task, dataset, 3, True, turn=b)
+        assert sorted(np.concatenate([p for _, p in plan]).tolist()) == list(range(16))
+        for worker, positions in plan:
+            for episode in dataset.affinity(task.indices[positions]):
+                assert owner.setdefault(int(episode), worker) == worker
+        parts = [dataset.get_batch(task.indices[p]) for _, p in plan]
+        whole = dataset.get_batch(task.indices)
+        assert torch.equal(
+            assemble(parts, [p for _, p in plan])["observation.images.image"],
+            whole["observation.images.image"],
+        )
+    ((worker, positions),) = plan_parts(task, dataset, 3, False, turn=5)
+    assert worker == 2 and positions.tolist() == list(range(16))
+
+
+def test_cuda_decoding_refuses_forked_workers(synth_root):
+    ds = LeRobotDataset(synth_root("v2.1", "av1"), decode_device="cuda", progress=False)  # opens nothing yet
+    with pytest.raises(ValueError, match="start_method='spawn'"):
+        Pipeline(ds, 4, num_workers=2, start_method="fork", device="cpu")

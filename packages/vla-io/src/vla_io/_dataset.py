@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._collate import shared_empty
 from ._decode import BACKENDS, ReaderCache
 from ._errors import DatasetFormatError
 from ._frames import FrameFetcher, FrameRequest
@@ -51,7 +52,7 @@ class LeRobotDataset:
         frame_time: str = "index",
         tolerance_s: float = 1e-4,
         strict: bool = True,
-        max_open_videos: int = 32,
+        max_open_videos: int = 256,
         progress: bool = True,
     ) -> None:
         _check_choice("image_dtype", image_dtype, IMAGE_DTYPES)
@@ -63,6 +64,7 @@ class LeRobotDataset:
         self.root = Path(root)
         self.meta = DatasetMeta(self.root)
         self.image_dtype, self.frame_time, self.tolerance_s = image_dtype, frame_time, tolerance_s
+        self.decode_device = decode_device
         self._episodes = self._select_episodes(episodes)
         self.video_keys = self._resolve_video_keys(video_keys)
         self._table = FrameTable(self.meta, self._episodes, strict=strict, progress=progress)
@@ -107,6 +109,16 @@ class LeRobotDataset:
     def data_keys(self) -> list[str]:
         """Parquet features returned with each sample."""
         return list(self._table.columns)
+
+    def affinity(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """A key per sample for routing work: its episode (position), i.e. the video files it reads."""
+        return self._table.row_episode[np.asarray(indices, dtype=np.int64)]
+
+    def prefers_affinity(self) -> bool:
+        """True when the dataset has more video files than one worker keeps open (`max_open_videos`):
+        then routing samples to workers by episode keeps each worker's decoders warm."""
+        files = {str(ep.videos[k].path) for ep in self._episodes for k in self.video_keys}
+        return len(files) > self._fetcher.readers.max_open
 
     def episode_bounds(self) -> np.ndarray:
         """(num_episodes, 2) array of [start, end) sample indices of each selected episode."""
@@ -179,8 +191,9 @@ class LeRobotDataset:
         episodes = [self._episodes[p] for p in ep_pos]
 
         def allocate(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-            tensor = torch.empty(shape, dtype=torch.uint8, device=device)
-            return tensor.share_memory_() if shared and device.type == "cpu" else tensor
+            if shared and device.type == "cpu":
+                return shared_empty(shape, torch.uint8)
+            return torch.empty(shape, dtype=torch.uint8, device=device)
 
         if self.frame_cache is not None and self.frame_cache.covers(key):
             frames = self.frame_cache.read(key, q.reshape(-1), allocate)

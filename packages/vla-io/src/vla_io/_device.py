@@ -67,12 +67,19 @@ class HostToDevice:
             torch.cuda.set_device(self.device)
 
     def copy(
-        self, batch: Batch, device_transform: Callable[[Batch], Batch] | None = None
+        self, batch: Batch, device_transform: Callable[[Batch], Batch] | None = None, private: bool = False
     ) -> tuple[Batch, Any]:
-        """The batch on the device (and transformed), plus the event to wait for before using it."""
+        """The batch on the device (and transformed), plus the event to wait for before using it.
+
+        With `private`, the result never shares memory with `batch` (whose shared memory a worker will
+        reuse): on CUDA the pinned copy sees to that, on CPU shared tensors left in the result are cloned.
+        """
         if not self.cuda:
             out = map_tensors(batch, lambda _, t: t)
-            return (device_transform(out) if device_transform else out), None
+            out = device_transform(out) if device_transform else out
+            if private:
+                out = map_tensors(out, lambda _, t: t.clone() if t.is_shared() else t)
+            return out, None
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
         if self._events[slot] is not None:

@@ -67,6 +67,17 @@ class Pipeline:
             shuffle=config.shuffle, drop_last=config.drop_last,
         )  # fmt: skip
         self.device = resolve_device(config.device)
+        decode_device = str(getattr(dataset, "decode_device", "cpu"))
+        if (
+            decode_device != "cpu"
+            and config.num_workers > 0
+            and config.start_method == "fork"
+            and not config.synchronous
+        ):
+            raise ValueError(
+                f"the dataset decodes on {decode_device!r}: CUDA cannot be used in forked workers; set "
+                "PipelineConfig.start_method='spawn' (or num_workers=0 to decode in the pipeline's host thread)"
+            )
         self._epoch, self._batch = 0, 0
         self._stats = WaitStats()
         self._producer: Producer | None = None

@@ -32,7 +32,16 @@ class PipelineConfig:
     drop_last: bool = True
     """Drop samples that would make ranks unequal and the last partial batch (fixed shapes)."""
     prefetch_per_worker: int = 2
-    """Batches queued per worker ahead of the consumer."""
+    """Level 1 loads num_workers * prefetch_per_worker batches ahead of the host thread."""
+    affinity: bool | None = None
+    """Split batches across workers by `dataset.affinity(indices)` (LeRobotDataset: the episode), so each
+    worker decodes only its own files and keeps their decoders open. None (auto): when the dataset says it
+    helps (`dataset.prefers_affinity()`: more video files than one worker keeps open); else each batch goes
+    whole to one worker."""
+    reuse_shared_memory: bool | None = None
+    """Workers reuse a batch's shared memory once the main process has copied it out (saves the page
+    faults of fresh memory). None (auto): when delivering to CUDA, where the pinned copy is made anyway; on
+    CPU it costs a private copy in the main process."""
     host_buffers: int = 2
     """Level 2: transformed batches kept ready (2 = a double buffer)."""
     device_buffers: int = 2

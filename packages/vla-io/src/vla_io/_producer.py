@@ -13,7 +13,7 @@ from typing import Any
 from ._device import HostToDevice
 from ._pipeline_config import PipelineConfig
 from ._sampler import EpochSampler
-from ._workers import WorkerPool, load_batch
+from ._workers import PartTask, WorkerPool, assemble, load_batch, plan_parts, use_affinity
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -100,18 +100,14 @@ class Producer:
         self._host: queue.Queue = queue.Queue(maxsize=config.host_buffers)
         self._ready: queue.Queue = queue.Queue(maxsize=config.device_buffers)
         # processes first: forking after our threads exist could copy a held lock into the child
-        self._pool = (
-            WorkerPool(
-                dataset,
-                config.num_workers,
-                config.start_method,
-                config.image_dtype,
-                config.seed,
-                config.timeout_s,
-            )
-            if config.num_workers > 0
-            else None
-        )
+        # Workers reuse their shared memory when batches go to a GPU: the pinned copy frees it at once.
+        recycle = h2d.cuda if config.reuse_shared_memory is None else config.reuse_shared_memory
+        self._pool = None
+        if config.num_workers > 0:
+            self._pool = WorkerPool(
+                dataset, config.num_workers, config.start_method, config.image_dtype, config.seed,
+                config.timeout_s, recycle,
+            )  # fmt: skip
         self._threads = [
             threading.Thread(target=self._host_loop, name="vla-io-L2", daemon=True),
             threading.Thread(target=self._copy_loop, name="vla-io-L3", daemon=True),
@@ -124,28 +120,40 @@ class Producer:
         try:
             tasks = self.sampler.tasks(*self.start)
             inflight: deque = deque()
-            ahead = max(1, self.config.num_workers * self.config.prefetch_per_worker)
+            ahead = max(2, self.config.num_workers * self.config.prefetch_per_worker)
+            turn = 0
+            by_affinity = use_affinity(self.dataset, self.config.affinity)
             while not self._stop.is_set():
                 while self._pool is not None and len(inflight) < ahead:
                     task = next(tasks)
-                    self._pool.submit(task)
+                    plan = plan_parts(task, self.dataset, len(self._pool), by_affinity, turn)
+                    turn += 1
+                    for part, (worker, positions) in enumerate(plan):
+                        sub = task.subset(positions) if len(plan) > 1 else task
+                        self._pool.submit(PartTask(task.tag, part, sub), worker)
                     self.submitted.append(task.tag)
-                    inflight.append(task)
+                    inflight.append((task, plan))
                 if self._pool is not None:
-                    task = inflight.popleft()
+                    task, plan = inflight.popleft()
                     started = time.perf_counter()
-                    batch = self._pool.get(task.tag, self._stop)
+                    keys = [(task.tag, part) for part in range(len(plan))]
+                    parts = [self._pool.get(key, self._stop) for key in keys]
+                    batch = assemble(parts, [positions for _, positions in plan])
+                    if len(parts) > 1 or not self._pool.recycle:
+                        self._pool.release(keys)  # assembled copies (or nothing to recycle): free now
+                        keys = []
                 else:
                     task = next(tasks)
                     self.submitted.append(task.tag)
                     started = time.perf_counter()
                     batch = load_batch(self.dataset, task, self.config.image_dtype, shared=False)
+                    keys = []
                 self.stats.add("l1_wait", time.perf_counter() - started)
                 if self.transform is not None:
                     started = time.perf_counter()
                     batch = dict(self.transform(batch))
                     self.stats.add("transform", time.perf_counter() - started)
-                if not _put(self._host, (task.tag, batch), self._stop):
+                if not _put(self._host, (task.tag, batch, keys), self._stop):
                     return
         except InterruptedError:
             return
@@ -163,9 +171,12 @@ class Producer:
                 if isinstance(item, _Failed):
                     _put(self._ready, item, self._stop)
                     return
-                tag, batch = item
+                tag, batch, keys = item
                 started = time.perf_counter()
-                out, event = self.h2d.copy(batch, self.device_transform)
+                out, event = self.h2d.copy(batch, self.device_transform, private=bool(keys))
+                del batch  # nothing below may touch the workers' shared memory once it is released
+                if keys and self._pool is not None:
+                    self._pool.release(keys)
                 self.stats.add("device", time.perf_counter() - started)
                 if not _put(self._ready, (tag, out, event), self._stop):
                     return

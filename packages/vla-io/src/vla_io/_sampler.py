@@ -9,7 +9,7 @@ import numpy as np
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer: well-spread 64-bit values from consecutive inputs."""
     x = x.astype(np.uint64)
     with np.errstate(over="ignore"):
@@ -32,6 +32,10 @@ class BatchTask:
     def tag(self) -> tuple[int, int]:
         """(epoch, batch) of this task."""
         return (self.epoch, self.batch)
+
+    def subset(self, positions: np.ndarray) -> BatchTask:
+        """The same task restricted to some of its samples."""
+        return BatchTask(self.epoch, self.batch, self.indices[positions], self.seeds[positions])
 
 
 class EpochSampler:
@@ -83,7 +87,7 @@ class EpochSampler:
         positions = self.rank_positions(epoch)[batch * self.batch_size : (batch + 1) * self.batch_size]
         order = self.order(epoch)
         key = (np.uint64(self.seed & 0xFFFFFFFF) << np.uint64(32)) ^ np.uint64(epoch)
-        seeds = _mix(_mix(np.full(len(positions), key, dtype=np.uint64)) ^ positions.astype(np.uint64))
+        seeds = mix64(mix64(np.full(len(positions), key, dtype=np.uint64)) ^ positions.astype(np.uint64))
         return BatchTask(epoch, batch, order[positions], (seeds >> np.uint64(1)).astype(np.int64))
 
     def tasks(self, epoch: int, batch: int):
