@@ -57,6 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=int, default=40, help="timed batches for vla-io and per-frame")
     p.add_argument("--naive-batches", type=int, default=6, help="timed batches for the naive loader")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reuse-shared-memory", choices=["on", "off"], default="on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--repeat", type=int, default=1, help="run the loaders in turn this many times; report medians"
@@ -204,6 +205,7 @@ def run_vla_io(root, args, fps) -> dict:
         seed=args.seed,
         device=args.device,
         device_transform=augment,
+        reuse_shared_memory=args.reuse_shared_memory == "on",
         **extra,
     )
     stream = iter(_forever(pipe))

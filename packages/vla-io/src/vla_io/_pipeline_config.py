@@ -38,10 +38,9 @@ class PipelineConfig:
     worker decodes only its own files and keeps their decoders open. None (auto): when the dataset says it
     helps (`dataset.prefers_affinity()`: more video files than one worker keeps open); else each batch goes
     whole to one worker."""
-    reuse_shared_memory: bool | None = None
-    """Workers reuse a batch's shared memory once the main process has copied it out (saves the page
-    faults of fresh memory). None (auto): when delivering to CUDA, where the pinned copy is made anyway; on
-    CPU it costs a private copy in the main process."""
+    reuse_shared_memory: bool = True
+    """Workers reuse a batch's shared memory once the main process has copied it out (into pinned memory
+    for CUDA, a private copy on CPU): fresh shared memory costs a page fault per 4 KB in the workers."""
     host_buffers: int = 2
     """Level 2: transformed batches kept ready (2 = a double buffer)."""
     device_buffers: int = 2

@@ -100,8 +100,7 @@ class Producer:
         self._host: queue.Queue = queue.Queue(maxsize=config.host_buffers)
         self._ready: queue.Queue = queue.Queue(maxsize=config.device_buffers)
         # processes first: forking after our threads exist could copy a held lock into the child
-        # Workers reuse their shared memory when batches go to a GPU: the pinned copy frees it at once.
-        recycle = h2d.cuda if config.reuse_shared_memory is None else config.reuse_shared_memory
+        recycle = config.reuse_shared_memory
         self._pool = None
         if config.num_workers > 0:
             self._pool = WorkerPool(
