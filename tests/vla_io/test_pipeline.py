@@ -321,3 +321,15 @@ def test_readme_example_runs(dataset):
         )
     )
     assert torch.equal(ref["pixel_values"], batch["pixel_values"])  # seeded augmentation: same in both modes
+
+
+@pytest.mark.gpu
+def test_cuda_decoding_in_the_host_thread(synth_root):
+    from vla_io import read_frame_marker
+
+    ds = LeRobotDataset(synth_root("v2.1", "h264"), decode_device="cuda", image_dtype="uint8", progress=False)
+    with Pipeline(ds, 4, num_workers=0, device="cuda", seed=1) as pipe:
+        batch = next(iter(pipe))
+    frames = batch["observation.images.image"]
+    assert frames.device.type == "cuda"
+    assert [read_frame_marker(f.cpu().numpy())[0] for f in frames] == batch["index"].tolist()

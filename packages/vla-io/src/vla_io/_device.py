@@ -67,12 +67,17 @@ class HostToDevice:
             torch.cuda.set_device(self.device)
 
     def copy(
-        self, batch: Batch, device_transform: Callable[[Batch], Batch] | None = None, private: bool = False
+        self,
+        batch: Batch,
+        device_transform: Callable[[Batch], Batch] | None = None,
+        private: bool = False,
+        ready: Any = None,
     ) -> tuple[Batch, Any]:
         """The batch on the device (and transformed), plus the event to wait for before using it.
 
         With `private`, the result never shares memory with `batch` (whose shared memory a worker will
         reuse): on CUDA the pinned copy sees to that, on CPU shared tensors left in the result are cloned.
+        `ready` is an event after which CUDA tensors already in `batch` (decoded on the GPU) are complete.
         """
         if not self.cuda:
             out = map_tensors(batch, lambda _, t: t)
@@ -96,6 +101,8 @@ class HostToDevice:
             return buf.to(self.device, non_blocking=True)
 
         with torch.cuda.stream(self.stream):
+            if ready is not None:
+                self.stream.wait_event(ready)
             out = map_tensors(batch, to_device)
             if device_transform is not None:
                 out = device_transform(out)
@@ -105,12 +112,24 @@ class HostToDevice:
         return out, event
 
 
-def hand_over(batch: Batch, event: Any) -> Batch:
+def ready_event(batch: Batch) -> Any:
+    """An event recorded on this thread's current stream if `batch` holds CUDA tensors (made by GPU
+    decoding or a GPU transform), so the copy stream can wait for exactly that work; None otherwise."""
+    found = []
+    map_tensors(batch, lambda _, t: found.append(t.is_cuda))
+    if not any(found):
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def hand_over(batch: Batch, event: Any, device: torch.device | None = None) -> Batch:
     """Make the consumer's current stream wait for the batch (on the GPU, no host block) and tell the
     caching allocator that the consumer stream uses its memory."""
     if event is None:
         return batch
-    stream = torch.cuda.current_stream()
+    stream = torch.cuda.current_stream(device)
     stream.wait_event(event)
 
     def mark(_: str, tensor: torch.Tensor) -> torch.Tensor:

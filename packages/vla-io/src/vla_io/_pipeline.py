@@ -105,7 +105,7 @@ class Pipeline:
                     raise RuntimeError(
                         f"pipeline delivered batch {tag}, expected {(self._epoch, self._batch)}"
                     )
-                batch = hand_over(batch, event)
+                batch = hand_over(batch, event, self.device)
             self._advance()
             yield batch
 

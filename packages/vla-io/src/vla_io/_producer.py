@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ._device import HostToDevice
+from ._device import HostToDevice, ready_event
 from ._pipeline_config import PipelineConfig
 from ._sampler import EpochSampler
 from ._workers import PartTask, WorkerPool, assemble, load_batch, plan_parts, use_affinity
@@ -152,7 +152,7 @@ class Producer:
                     started = time.perf_counter()
                     batch = dict(self.transform(batch))
                     self.stats.add("transform", time.perf_counter() - started)
-                if not _put(self._host, (task.tag, batch, keys), self._stop):
+                if not _put(self._host, (task.tag, batch, keys, ready_event(batch)), self._stop):
                     return
         except InterruptedError:
             return
@@ -170,9 +170,9 @@ class Producer:
                 if isinstance(item, _Failed):
                     _put(self._ready, item, self._stop)
                     return
-                tag, batch, keys = item
+                tag, batch, keys, ready = item
                 started = time.perf_counter()
-                out, event = self.h2d.copy(batch, self.device_transform, private=bool(keys))
+                out, event = self.h2d.copy(batch, self.device_transform, private=bool(keys), ready=ready)
                 del batch  # nothing below may touch the workers' shared memory once it is released
                 if keys and self._pool is not None:
                     self._pool.release(keys)
