@@ -83,3 +83,17 @@ def ref_frame():
 def batches_equal():
     """assert_batches_equal(a, b): same keys, bit-identical tensors, equal other values."""
     return assert_batches_equal
+
+
+def skip_without(backend: str) -> None:
+    """Skip (with the reason) when a decoder backend cannot load here, e.g. torchcodec without FFmpeg."""
+    from vla_io._decode import torchcodec_error
+
+    if backend == "torchcodec" and torchcodec_error() is not None:
+        pytest.skip(f"torchcodec cannot load: {torchcodec_error()}")
+
+
+@pytest.fixture(scope="session")
+def require_backend():
+    """require_backend(name) skips the test when that decoder backend is unavailable."""
+    return skip_without

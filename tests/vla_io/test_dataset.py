@@ -110,7 +110,8 @@ def test_frames_equal_direct_pyav_decode_and_carry_their_index(variant_root, ref
 
 
 @pytest.mark.parametrize("backend", ["torchcodec", "pyav"])
-def test_backends_agree_bit_for_bit(synth_root, backend):
+def test_backends_agree_bit_for_bit(synth_root, backend, require_backend):
+    require_backend(backend)
     root = synth_root("v3.0", "av1")
     rows = [5, 0, 33, 21, 54, 2]
     ref = LeRobotDataset(root, image_dtype="uint8", video_backend="pyav", progress=False).get_batch(rows)

@@ -12,7 +12,6 @@ import torch
 
 from ._collate import shared_empty
 from ._decode import BACKENDS, ReaderCache
-from ._errors import DatasetFormatError
 from ._frames import FrameFetcher, FrameRequest
 from ._meta import DatasetMeta, Episode
 from ._table import FrameTable
@@ -136,7 +135,7 @@ class LeRobotDataset:
     # -- samples --------------------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, Any]:
         batch = self.get_batch([int(index)])
-        return {k: (v[0] if k != "task" else v[0]) for k, v in batch.items()}
+        return {k: v[0] for k, v in batch.items()}
 
     def get_batch(
         self,
@@ -294,10 +293,3 @@ def _to_torch(batch: dict[str, Any], image_dtype: str, video_keys: list[str], sh
         else:
             out[key] = value
     return out
-
-
-def check_episode_layout(ds: LeRobotDataset) -> None:
-    """Raise if two selected episodes overlap (a sanity check used by tests and `vla-io info`)."""
-    bounds = ds.episode_bounds()
-    if (bounds[1:, 0] < bounds[:-1, 1]).any():
-        raise DatasetFormatError(f"{ds.root}: episode row ranges overlap")
