@@ -223,7 +223,8 @@ def run_vla_io(root, args, fps) -> dict:
     cpu = cpu_seconds(pids) - cpu
     stats = pipe.stats()
     pipe.close()
-    shape = tuple(batch["images"].shape) if "images" in batch else tuple(batch[ds.video_keys[0]].shape)
+    images = batch["images"] if "images" in batch else batch[ds.video_keys[0]]
+    shape = tuple(images.shape)
     n = args.batches * args.batch_size
     return {
         "batches": args.batches,
@@ -232,6 +233,7 @@ def run_vla_io(root, args, fps) -> dict:
         "cpu_ms_per_sample": 1e3 * cpu / n,
         "stats": stats,
         "image_batch_shape": shape,
+        "image_batch": f"{images.dtype} on {images.device}",
     }
 
 
