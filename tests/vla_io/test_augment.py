@@ -53,6 +53,18 @@ def test_dali_matches_torch(frames, name):
     assert diff.max().item() < TOLERANCE_255
 
 
+def test_dali_pipeline_reused_at_smaller_batches(frames):
+    """One DALI pipeline serves batches up to its capacity; the feeding path is the GPU's (stream None)."""
+    pytest.importorskip("nvidia.dali")
+    cfg = CONFIGS["jitter"]
+    augment = ImageAugment(cfg, backend="dali")
+    for n in (len(frames), 3, 1):
+        params = sample_params(cfg, n, 1, 64, 64, seeds=np.arange(n) + 3)
+        diff = (augment.run(frames[:n], params) - ImageAugment(cfg).run(frames[:n], params)).abs()
+        assert (diff * torch.tensor(cfg.std).view(1, 3, 1, 1) * 255).max().item() < TOLERANCE_255
+    assert len(augment._dali["cpu"]._pipes) == 1
+
+
 def test_identity_is_exact(frames):
     out = ImageAugment(ImageTransformConfig(size=(64, 64))).apply(frames)
     assert torch.equal(out, frames.float() / 255)

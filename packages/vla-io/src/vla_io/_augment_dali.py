@@ -4,6 +4,7 @@ One DALI pipeline per (device, batch capacity): `fn.resize` with a per-image reg
 resize in one antialiased linear resampling), `fn.brightness_contrast`, `fn.hsv`, a clamp, and
 `fn.crop_mirror_normalize` to planar float. On GPU all operators run on the GPU (`device="gpu"`; CPU
 frames are moved there first); on a machine without a GPU the same graph runs on CPU with `device_id=None`.
+CPU and GPU share one feeding path (`feed_and_run`), so the CPU tests exercise the calls the GPU makes.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ class DaliImageTransform:
         cfg, on_gpu = self.cfg, self.device.type == "cuda"
         device_id = (self.device.index or 0) if on_gpu else None
 
-        # a synchronous, unpipelined executor: each call feeds one batch and runs it
+        # DALI's default (dynamic) executor with a queue of one: each call feeds one batch and runs it; only
+        # this executor can return outputs ordered on a CUDA stream instead of synchronizing the host
         @pipeline_def(
-            batch_size=batch_size, num_threads=self.num_threads, device_id=device_id,
-            prefetch_queue_depth=1, exec_async=False, exec_pipelined=False,
+            batch_size=batch_size, num_threads=self.num_threads, device_id=device_id, prefetch_queue_depth=1,
         )  # fmt: skip
         def graph():
             frames = fn.external_source(
@@ -102,10 +103,12 @@ class DaliImageTransform:
 
     def __call__(self, frames: torch.Tensor, params: ImageParams) -> torch.Tensor:
         """uint8 (N, C, H, W) -> normalized (N, C, h, w) on this transform's device."""
-        n = frames.shape[0]
-        pipe = self._pipeline(n)
+        pipe = self._pipeline(frames.shape[0])
         on_gpu = self.device.type == "cuda"
+        # one dense (N, H, W, C) batch: a CUDA tensor for the GPU graph, a numpy array otherwise (DALI asks
+        # torch for its current CUDA stream when given any torch tensor, which fails without a GPU)
         nhwc = frames.to(self.device if on_gpu else "cpu").permute(0, 2, 3, 1).contiguous()
+        nhwc = nhwc if on_gpu else nhwc.numpy()
         stream = torch.cuda.current_stream(self.device).cuda_stream if on_gpu else None
         feeds = {
             "roi_start": np.stack([params.y0, params.x0], 1),
@@ -113,11 +116,22 @@ class DaliImageTransform:
             "brightness": params.brightness, "contrast": params.contrast,
             "saturation": params.saturation, "hue": params.hue,
         }  # fmt: skip
-        pipe.feed_input("frames", list(nhwc) if on_gpu else [f.numpy() for f in nhwc], cuda_stream=stream)
-        for name in self._used_inputs():
-            pipe.feed_input(name, [np.asarray(v, dtype=np.float32) for v in feeds[name]])
-        (out,) = pipe.run(cuda_stream=stream) if on_gpu else pipe.run()
+        args = {name: np.ascontiguousarray(feeds[name], dtype=np.float32) for name in self._used_inputs()}
+        (out,) = feed_and_run(pipe, nhwc, args, stream)
         return _to_torch(out, self.device, self.cfg.output_dtype, stream)
+
+
+def feed_and_run(pipe, frames: torch.Tensor | np.ndarray, args: dict[str, np.ndarray], stream: int | None) -> tuple:
+    """Feed one batch and run it; the same calls on CPU (`stream=None`) and GPU (a raw CUDA stream).
+
+    Every input is one dense array whose first axis is the batch (DALI cannot take the shape of Python
+    scalars). `stream` goes to `run` positionally: its signature is `run(cuda_stream=None, /, **inputs)`,
+    so a keyword `cuda_stream=` would be fed as an input of that name.
+    """
+    pipe.feed_input("frames", frames, cuda_stream=stream)
+    for name, values in args.items():
+        pipe.feed_input(name, values)  # per-image parameters: CPU arrays (N,) or (N, 2)
+    return pipe.run(stream)
 
 
 def _to_torch(out, device: torch.device, dtype: str, stream) -> torch.Tensor:
