@@ -121,7 +121,9 @@ class DaliImageTransform:
         return _to_torch(out, self.device, self.cfg.output_dtype, stream)
 
 
-def feed_and_run(pipe, frames: torch.Tensor | np.ndarray, args: dict[str, np.ndarray], stream: int | None) -> tuple:
+def feed_and_run(
+    pipe, frames: torch.Tensor | np.ndarray, args: dict[str, np.ndarray], stream: int | None
+) -> tuple:
     """Feed one batch and run it; the same calls on CPU (`stream=None`) and GPU (a raw CUDA stream).
 
     Every input is one dense array whose first axis is the batch (DALI cannot take the shape of Python
