@@ -12,6 +12,7 @@ import torch
 
 from ._collate import shared_empty
 from ._decode import BACKENDS, ReaderCache
+from ._ffmpeg import resolve_backend
 from ._frames import FrameFetcher, FrameRequest
 from ._meta import DatasetMeta, Episode
 from ._table import FrameTable
@@ -72,8 +73,12 @@ class LeRobotDataset:
             k: np.rint(np.asarray(v, dtype=np.float64) * self.fps).astype(np.int64)
             for k, v in self.delta_timestamps.items()
         }
+        if decode_device != "cpu" and video_backend == "pyav":
+            raise ValueError(f"decode_device={decode_device!r} needs video_backend 'torchcodec' or 'auto'")
+        # resolved once here (one warning if "auto" falls back to PyAV), workers inherit the result
+        self.video_backend = resolve_backend("torchcodec" if decode_device != "cpu" else video_backend)
         readers = ReaderCache(
-            max_open_videos, backend=video_backend, device=decode_device, seek_mode=seek_mode
+            max_open_videos, backend=self.video_backend, device=decode_device, seek_mode=seek_mode
         )
         self._fetcher = FrameFetcher(readers, self.fps, tolerance_s, strict)
         self.frame_cache: Any = None  # a FrameCache, set by FrameCache.attach

@@ -16,7 +16,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ._errors import VideoDecodeError, missing_extra
+from ._errors import VideoDecodeError
+from ._ffmpeg import resolve_backend, torchcodec_error
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "torchcodec", "pyav")
@@ -32,15 +33,6 @@ class VideoReader(Protocol):
     def frames_at(self, indices: Sequence[int]) -> tuple[torch.Tensor, np.ndarray]:
         """Frames at sorted, unique `indices`: uint8 (N, C, H, W) and their times in seconds."""
         ...
-
-
-def torchcodec_error() -> Exception | None:
-    """Why torchcodec cannot be used here (None when it can)."""
-    try:
-        import torchcodec.decoders  # noqa: F401  (loads the FFmpeg libraries)
-    except Exception as err:  # ImportError, OSError or RuntimeError, depending on what is missing
-        return err
-    return None
 
 
 def available_backends() -> list[str]:
@@ -134,14 +126,9 @@ def open_reader(
         raise ValueError(f"video backend must be one of {BACKENDS}, got {backend!r}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: video file not found")
-    if backend == "auto":
-        backend = "torchcodec" if torchcodec_error() is None else "pyav"
-    if device != "cpu" and backend != "torchcodec":
+    if device != "cpu" and backend == "pyav":
         raise ValueError(f"decoding on {device!r} needs the torchcodec backend, not {backend!r}")
-    if backend == "torchcodec":
-        err = torchcodec_error()
-        if err is not None:
-            raise missing_extra("torchcodec", "torchcodec", err)
+    backend = resolve_backend("torchcodec" if device != "cpu" else backend)  # auto: warns if PyAV
     try:
         if backend == "torchcodec":
             return TorchCodecReader(path, device, seek_mode, threads)

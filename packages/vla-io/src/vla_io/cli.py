@@ -1,5 +1,5 @@
 """The `vla-io` command line: `synth` writes a synthetic dataset, `info` summarizes one, `cache` builds a
-decoded-frame cache."""
+decoded-frame cache, `ffmpeg-libs` makes PyAV's bundled FFmpeg loadable by torchcodec."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ffmpeg_libs(args: argparse.Namespace) -> int:
+    from ._ffmpeg import link_pyav_ffmpeg
+
+    out = link_pyav_ffmpeg(args.dir).resolve()
+    print(f"linked PyAV's FFmpeg libraries in {out}; start Python with:\nexport LD_LIBRARY_PATH={out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate for tests and docs)."""
     from ._synth import CODECS, PRESETS, VERSIONS
@@ -75,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to this (training) size")
     cache.add_argument("--dir", help="cache directory (default: <dataset>/.vla_io_cache/frames-<size>)")
     cache.set_defaults(run=_cache)
+    libs = sub.add_parser(
+        "ffmpeg-libs", help="link PyAV's bundled FFmpeg under standard names for torchcodec (LD_LIBRARY_PATH)"
+    )
+    libs.add_argument("dir", help="directory for the links (created)")
+    libs.set_defaults(run=_ffmpeg_libs)
     return parser
 
 
