@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._collate import shared_empty
 from ._decode import BACKENDS, ReaderCache
 from ._ffmpeg import resolve_backend
 from ._frames import FrameFetcher, FrameRequest
 from ._meta import DatasetMeta, Episode
+from ._shm import shared_empty, to_shared
 from ._table import FrameTable
 
 log = logging.getLogger(__name__)
@@ -288,11 +288,11 @@ def _to_torch(batch: dict[str, Any], image_dtype: str, video_keys: list[str], sh
         if isinstance(value, torch.Tensor):
             if key in video_keys and image_dtype == "float32":
                 value = value.to(torch.float32).div_(255.0)
-                value = value.share_memory_() if shared and value.device.type == "cpu" else value
+                value = to_shared(value) if shared and value.device.type == "cpu" else value
             out[key] = value
         elif isinstance(value, np.ndarray) and value.dtype != object:
             tensor = torch.from_numpy(np.ascontiguousarray(value))
-            out[key] = tensor.share_memory_() if shared else tensor
+            out[key] = to_shared(tensor) if shared else tensor
         elif isinstance(value, np.ndarray):
             out[key] = value.tolist()
         else:

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from ._collate import SharedPool, collate, set_shared_pool, share
+from ._collate import collate
 from ._errors import WorkerError
 from ._sampler import BatchTask, mix64
+from ._shm import ArenaAllocator, ArenaViews, Packed, set_allocator
 
 log = logging.getLogger(__name__)
 SEED_KEY = "sample_seed"
@@ -27,7 +28,9 @@ _POLL_S = 0.1
 
 
 def load_batch(dataset: Any, task: BatchTask, image_dtype: str | None, shared: bool) -> dict[str, Any]:
-    """The collated batch of a task (or part of one), plus each sample's seed under "sample_seed"."""
+    """The collated batch of a task (or part of one), plus each sample's seed under "sample_seed".
+
+    `shared`: ask the dataset for shared-memory tensors (in a worker: the batch's arena)."""
     get_batch = getattr(dataset, "get_batch", None)
     if get_batch is not None:
         params = inspect.signature(get_batch).parameters
@@ -40,7 +43,7 @@ def load_batch(dataset: Any, task: BatchTask, image_dtype: str | None, shared: b
     else:
         batch = collate([dataset[int(i)] for i in task.indices])
     batch[SEED_KEY] = torch.from_numpy(task.seeds.copy())
-    return share(batch) if shared else batch
+    return batch
 
 
 Key = tuple[tuple[int, int], int]  # ((epoch, batch), part)
@@ -131,8 +134,8 @@ def _worker_loop(
     np.random.seed((seed + worker) & 0xFFFFFFFF)
     torch.manual_seed(seed + worker)
     parent = os.getppid()
-    pool = SharedPool() if recycle else None  # reuse shared memory only if the main process releases it
-    set_shared_pool(pool)
+    arenas = ArenaAllocator(worker, recycle)  # reused only if the main process releases batches
+    set_allocator(arenas)
     while True:
         try:
             task = tasks.get(timeout=1.0)
@@ -143,18 +146,15 @@ def _worker_loop(
         if task is None:
             return
         if isinstance(task, Release):
-            if pool is not None:
-                pool.release(task.key)
+            arenas.release(task.key)
             continue
-        if pool is not None:
-            pool.begin()
+        arenas.begin()
         try:
-            batch = load_batch(dataset, task.task, image_dtype, shared=True)
+            message: Any = arenas.pack(load_batch(dataset, task.task, image_dtype, shared=True))
         except Exception:
-            batch = _Failure(worker, os.getpid(), task.tag, traceback.format_exc())
-        if pool is not None:
-            pool.end(task.key)
-        results.put((task.key, batch))
+            message = _Failure(worker, os.getpid(), task.tag, traceback.format_exc())
+        arenas.end(task.key)
+        results.put((task.key, message))
 
 
 class WorkerPool:
@@ -181,6 +181,7 @@ class WorkerPool:
         self._ready: dict[Key, Any] = {}
         self._owner: dict[Key, int] = {}
         self._worker_of: dict[Key, int] = {}  # parts delivered but not yet released
+        self._views = ArenaViews()  # the workers' arenas, received once each
         self.timeout_s = timeout_s
         self.recycle = recycle
 
@@ -216,7 +217,7 @@ class WorkerPool:
             raise WorkerError(
                 f"worker {value.worker} (pid {value.pid}) failed on batch {value.tag} (epoch, batch):\n{value.text}"
             )
-        return value
+        return self._views.unpack(value) if isinstance(value, Packed) else value
 
     def release(self, keys: list[Key]) -> None:
         """Let the workers reuse the shared memory of these parts (the caller copied them out)."""
