@@ -148,3 +148,21 @@ def test_gpu_matches_cpu(frames, backend):
     assert gpu.device.type == "cuda"
     diff = (gpu.cpu() - cpu).abs() * torch.tensor(cfg.std).view(1, 3, 1, 1) * 255
     assert diff.max().item() < 0.1  # float32 on both devices; a trainer that enables TF32 sees up to ~0.3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_gpu_augment_never_blocks_the_host(frames, backend):
+    """With seeds on the host (as the pipeline delivers them), nothing waits for the device: parameters go
+    up through pinned memory, nothing is read back."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    augment = ImageAugment(CONFIGS["jitter"], ["cam"], backend=backend)
+    batch = {"cam": frames.cuda(), "sample_seed": torch.arange(len(frames))}
+    expected = augment(batch)["cam"]  # warm-up: allocations, DALI pipeline build
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = augment(batch)["cam"]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, expected)

@@ -155,6 +155,23 @@ def test_transform_and_device_transform_run_in_order(dataset):
     )
 
 
+def test_host_threads_use_one_torch_thread_and_leave_the_callers_alone(dataset):
+    torch.set_num_threads(2)
+    seen = []
+
+    def transform(batch):
+        seen.append(torch.get_num_threads())
+        return batch
+
+    try:
+        with Pipeline(dataset, 4, num_workers=1, device="cpu", transform=transform) as pipe:
+            batch = next(iter(pipe))
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert batch["sample_seed"].device.type == "cpu"
+
+
 class _Exploding:
     """Wraps a dataset; loading a batch that contains `bad` raises (or kills the worker)."""
 
@@ -242,7 +259,8 @@ def test_gpu_delivery_matches_reference(dataset, batches_equal):
             and b["observation.images.image"].dtype == torch.float32
         )
         torch.testing.assert_close(a["observation.images.image"], b["observation.images.image"])
-        assert torch.equal(a["action"], b["action"])
+        assert torch.equal(a["action"], b["action"]) and a["action"].device.type == "cuda"
+        assert torch.equal(a["sample_seed"], b["sample_seed"]) and b["sample_seed"].device.type == "cpu"
     assert np.isfinite(pipe.stats()["l3_wait_s"])
 
 

@@ -3,6 +3,10 @@
 Crop + resize is a separable linear map: two batched matrix products with per-image weight matrices that
 follow DALI's linear resampling (triangle filter widened when downscaling, i.e. antialiased; borders
 clamped). Color ops follow DALI's `brightness_contrast` and `hsv` formulas, so both backends agree.
+
+On a GPU nothing here waits for the device: the per-image parameters travel in one table through pinned
+memory (a copy from pageable memory, or reading a device value back, would block the calling thread until
+the stream catches up, serializing host and device work).
 """
 
 from __future__ import annotations
@@ -15,21 +19,25 @@ import torch
 from ._augment_params import ImageParams, ImageTransformConfig
 
 # RGB -> YIQ, the space in which DALI's hsv operator rotates hue and scales saturation
-_YIQ = torch.tensor(
-    [[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]], dtype=torch.float64
-)
+_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]], dtype=np.float64)
 CONTRAST_CENTER = 127.5
 
 
-def resample_weights(start: torch.Tensor, end: torch.Tensor, out_size: int, in_size: int) -> torch.Tensor:
-    """(N, out_size, in_size) weights mapping the span [start, end) of each input row/column to out_size."""
+def resample_weights(
+    start: torch.Tensor, end: torch.Tensor, out_size: int, in_size: int, max_scale: float | None = None
+) -> torch.Tensor:
+    """(N, out_size, in_size) weights mapping the span [start, end) of each input row/column to out_size.
+
+    `max_scale`: the largest (end - start) / out_size, when the caller knows it (saves reading it back
+    from the device)."""
     scale = (end - start) / out_size  # input pixels per output pixel
     centers = (
         start[:, None]
         + (torch.arange(out_size, dtype=start.dtype, device=start.device) + 0.5) * scale[:, None]
     )
     support = scale.clamp(min=1.0)  # widen the triangle when downscaling: antialiasing
-    pad = int(math.ceil(float(support.max()))) + 1
+    widest = max(float(scale.max()) if max_scale is None else max_scale, 1.0)
+    pad = int(math.ceil(widest)) + 1
     taps = torch.arange(-pad, in_size + pad, dtype=start.dtype, device=start.device) + 0.5
     w = (1 - (taps[None, None, :] - centers[:, :, None]).abs() / support[:, None, None]).clamp(min=0)
     w = w / w.sum(-1, keepdim=True)
@@ -40,43 +48,64 @@ def resample_weights(start: torch.Tensor, end: torch.Tensor, out_size: int, in_s
     )
 
 
-def color_matrices(params: ImageParams, device: torch.device) -> torch.Tensor:
-    """(N, 3, 3) matrices of DALI's hsv (hue rotation, saturation scaling in YIQ), value fixed at 1."""
-    hue = torch.as_tensor(np.deg2rad(params.hue), dtype=torch.float64)
-    sat = torch.as_tensor(params.saturation, dtype=torch.float64)
-    cos, sin = hue.cos(), hue.sin()
-    zeros, ones = torch.zeros_like(hue), torch.ones_like(hue)
+def color_matrices(params: ImageParams) -> np.ndarray:
+    """(N, 3, 3) float64 matrices of DALI's hsv (hue rotation, saturation scaling in YIQ), value fixed at 1."""
+    hue = np.deg2rad(np.asarray(params.hue, dtype=np.float64))
+    sat = np.asarray(params.saturation, dtype=np.float64)
+    cos, sin = np.cos(hue), np.sin(hue)
+    zeros, ones = np.zeros_like(hue), np.ones_like(hue)
     # DALI rotates by -hue in this parametrisation (checked numerically against fn.hsv)
-    rot = torch.stack([ones, zeros, zeros, zeros, cos, sin, zeros, -sin, cos], -1).view(-1, 3, 3)
-    scale = torch.diag_embed(torch.stack([ones, sat, sat], -1))
-    yiq = _YIQ.to(hue.dtype)
-    return (torch.linalg.inv(yiq) @ scale @ rot @ yiq).to(device=device, dtype=torch.float32)
+    rot = np.stack([ones, zeros, zeros, zeros, cos, sin, zeros, -sin, cos], -1).reshape(-1, 3, 3)
+    scale = np.stack([ones, zeros, zeros, zeros, sat, zeros, zeros, zeros, sat], -1).reshape(-1, 3, 3)
+    return np.linalg.inv(_YIQ) @ scale @ rot @ _YIQ
+
+
+# columns of the per-image parameter table
+_BOX, _GAIN, _MATRIX, _MEAN, _STD, _WIDTH = (
+    slice(0, 4),
+    slice(4, 6),
+    slice(6, 15),
+    slice(15, 18),
+    slice(18, 21),
+    21,
+)
+
+
+def _parameter_table(params: ImageParams, cfg: ImageTransformConfig, device: torch.device) -> torch.Tensor:
+    """(N, 21) float32 on `device`: crop box (y0, y1, x0, x1), brightness, contrast, color matrix (9),
+    mean and std (3 each, on the 0..255 scale); uploaded in one non-blocking copy from pinned memory."""
+    table = np.zeros((len(params), _WIDTH), dtype=np.float32)
+    table[:, _BOX] = np.stack([params.y0, params.y1, params.x0, params.x1], 1)
+    table[:, _GAIN] = np.stack([params.brightness, params.contrast], 1)
+    if cfg.saturation or cfg.hue:
+        table[:, _MATRIX] = color_matrices(params).reshape(-1, 9)
+    table[:, _MEAN] = np.asarray(cfg.mean) * 255.0
+    table[:, _STD] = np.asarray(cfg.std) * 255.0
+    host = torch.from_numpy(table)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)  # the pinned block is kept until the copy ends
 
 
 def apply_torch(frames: torch.Tensor, params: ImageParams, cfg: ImageTransformConfig) -> torch.Tensor:
     """uint8 (N, C, H, W) frames -> normalized (N, C, h, w) in `cfg.output_dtype`, on the frames' device."""
     n, c, height, width = frames.shape
-    device = frames.device
+    table = _parameter_table(params, cfg, frames.device)
     x = frames.to(torch.float32)
     out_h, out_w = cfg.size
     if not (params.full_frame(height, width) and (out_h, out_w) == (height, width)):
-
-        def edges(a: np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(a, dtype=torch.float32, device=device)
-
-        wy = resample_weights(edges(params.y0), edges(params.y1), out_h, height)
-        wx = resample_weights(edges(params.x0), edges(params.x1), out_w, width)
+        y_scale = float(np.max(np.asarray(params.y1) - np.asarray(params.y0))) / out_h
+        x_scale = float(np.max(np.asarray(params.x1) - np.asarray(params.x0))) / out_w
+        wy = resample_weights(table[:, 0], table[:, 1], out_h, height, max_scale=y_scale)
+        wx = resample_weights(table[:, 2], table[:, 3], out_w, width, max_scale=x_scale)
         x = (wy[:, None] @ x) @ wx.transpose(1, 2)[:, None]
     if cfg.jitter:
-        b = torch.as_tensor(params.brightness, dtype=torch.float32, device=device).view(n, 1, 1, 1)
-        k = torch.as_tensor(params.contrast, dtype=torch.float32, device=device).view(n, 1, 1, 1)
+        b, k = table[:, 4].view(n, 1, 1, 1), table[:, 5].view(n, 1, 1, 1)
         x = b * (CONTRAST_CENTER + k * (x - CONTRAST_CENTER))
         if cfg.saturation or cfg.hue:
-            m = color_matrices(params, device)
-            x = torch.einsum("nij,njhw->nihw", m, x)
+            x = torch.einsum("nij,njhw->nihw", table[:, _MATRIX].view(n, 3, 3), x)
         x = x.clamp(0.0, 255.0)
-    mean = torch.tensor(cfg.mean, dtype=torch.float32, device=device).view(1, c, 1, 1) * 255.0
-    std = torch.tensor(cfg.std, dtype=torch.float32, device=device).view(1, c, 1, 1) * 255.0
+    mean, std = table[:, _MEAN].view(n, c, 1, 1), table[:, _STD].view(n, c, 1, 1)
     return ((x - mean) / std).to(getattr(torch, cfg.output_dtype))
 
 

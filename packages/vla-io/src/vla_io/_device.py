@@ -13,6 +13,14 @@ import numpy as np
 import torch
 
 Batch = dict[str, Any]
+# per-sample seeds stay on the host: they key host-side random draws (e.g. `ImageAugment`'s parameters),
+# and reading them back from the device would block the copy thread until its stream is idle
+HOST_PATHS = ("/sample_seed",)
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """Every tensor of `batch` on `device`, except the host-side ones (`HOST_PATHS`)."""
+    return map_tensors(batch, lambda path, t: t if path in HOST_PATHS else t.to(device))
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -94,6 +102,8 @@ class HostToDevice:
         def to_device(path: str, tensor: torch.Tensor) -> torch.Tensor:
             if tensor.device.type == "cuda":
                 return tensor
+            if path in HOST_PATHS:
+                return tensor.clone() if private else tensor
             buf = buffers.get(path)
             if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
                 buf = buffers[path] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ._device import HostToDevice, hand_over, map_tensors, resolve_device
+from ._device import HostToDevice, hand_over, resolve_device, to_device
 from ._pipeline_config import PipelineConfig
 from ._producer import Producer, WaitStats
 from ._sampler import EpochSampler
@@ -125,7 +125,7 @@ class Pipeline:
             batch = dict(self.transform(batch))
             self._stats.add("transform", time.perf_counter() - start)
         start = time.perf_counter()
-        batch = map_tensors(batch, lambda _, t: t.to(self.device))
+        batch = to_device(batch, self.device)
         if self.device_transform is not None:
             batch = dict(self.device_transform(batch))
         self._stats.add("device", time.perf_counter() - start)

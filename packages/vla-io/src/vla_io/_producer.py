@@ -10,6 +10,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ._device import HostToDevice, ready_event
 from ._pipeline_config import PipelineConfig
 from ._sampler import EpochSampler
@@ -75,6 +77,13 @@ def _get(q: queue.Queue, stop: threading.Event) -> Any:
     raise InterruptedError("pipeline stopped")
 
 
+def _one_thread() -> None:
+    """One intra-op thread for torch work in this thread (copies, the transforms): a copy split over every
+    core wakes an OpenMP team that then spins, taking cores from the decoding workers. Like torch's own
+    pin-memory thread; threads started later inherit the setting, the caller's thread keeps its own."""
+    torch.set_num_threads(1)
+
+
 class Producer:
     """Runs L1-L3 from a start position until closed; `next()` hands out batches in order."""
 
@@ -107,6 +116,7 @@ class Producer:
                 dataset, config.num_workers, config.start_method, config.image_dtype, config.seed,
                 config.timeout_s, recycle,
             )  # fmt: skip
+        torch.get_num_threads()  # fixes this thread's intra-op thread count before ours set theirs to 1
         self._threads = [
             threading.Thread(target=self._host_loop, name="vla-io-L2", daemon=True),
             threading.Thread(target=self._copy_loop, name="vla-io-L3", daemon=True),
@@ -116,6 +126,7 @@ class Producer:
 
     def _host_loop(self) -> None:
         """L2: submit tasks ahead, collect batches in order, run the transform, fill the double buffer."""
+        _one_thread()
         try:
             tasks = self.sampler.tasks(*self.start)
             inflight: deque = deque()
@@ -161,6 +172,7 @@ class Producer:
 
     def _copy_loop(self) -> None:
         """L3: host batch -> pinned buffer -> copy stream (+ device transform) -> event -> consumer."""
+        _one_thread()
         try:
             self.h2d.bind_thread()
             while not self._stop.is_set():

@@ -195,7 +195,9 @@ class ArenaViews:
             return found if found is not None else self._arenas[(worker, arena)]
 
         return {
-            k: _view(storage(v.arena), v.offset, v.dtype, v.shape, v.stride) if isinstance(v, TensorRef) else v
+            k: _view(storage(v.arena), v.offset, v.dtype, v.shape, v.stride)
+            if isinstance(v, TensorRef)
+            else v
             for k, v in packed.batch.items()
         }
 
