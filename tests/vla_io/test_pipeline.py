@@ -274,13 +274,14 @@ def test_affinity_is_automatic(dataset, synth_root):
 
 
 def test_affinity_routes_each_episode_to_one_worker(dataset):
-    from vla_io._workers import assemble, plan_parts
+    from vla_io._workers import AffinityRouter, assemble, plan_parts
 
     sampler = EpochSampler(len(dataset), 16, seed=4)
+    router = AffinityRouter(dataset, 3)
     owner = {}
     for b in range(sampler.batches_per_epoch):
         task = sampler.task(0, b)
-        plan = plan_parts(task, dataset, 3, True, turn=b)
+        plan = plan_parts(task, 3, router, turn=b)
         assert sorted(np.concatenate([p for _, p in plan]).tolist()) == list(range(16))
         for worker, positions in plan:
             for episode in dataset.affinity(task.indices[positions]):
@@ -291,8 +292,31 @@ def test_affinity_routes_each_episode_to_one_worker(dataset):
             assemble(parts, [p for _, p in plan])["observation.images.image"],
             whole["observation.images.image"],
         )
-    ((worker, positions),) = plan_parts(task, dataset, 3, False, turn=5)
+    assert len(set(owner.values())) == 3  # three episodes, three workers: one each
+    ((worker, positions),) = plan_parts(task, 3, None, turn=5)
     assert worker == 2 and positions.tolist() == list(range(16))
+
+
+def test_affinity_balances_samples_across_workers():
+    from vla_io._workers import AffinityRouter
+
+    class Episodes:  # 150 episodes of 50..400 frames, like a real dataset
+        def __init__(self):
+            lengths = np.random.default_rng(0).integers(50, 400, size=150)
+            self.episode = np.repeat(np.arange(150), lengths)
+
+        def __len__(self):
+            return len(self.episode)
+
+        def affinity(self, indices):
+            return self.episode[np.asarray(indices)]
+
+    data = Episodes()
+    router = AffinityRouter(data, 14)
+    assert router.load.sum() == len(data) and router.load.max() / router.load.mean() < 1.03
+    owners = router(np.arange(len(data)))
+    assert np.array_equal(np.bincount(owners, minlength=14), router.load)
+    assert np.array_equal(router.owners, AffinityRouter(data, 14).owners)  # deterministic
 
 
 def test_cuda_decoding_refuses_forked_workers(synth_root):

@@ -15,7 +15,15 @@ import torch
 from ._device import HostToDevice, ready_event
 from ._pipeline_config import PipelineConfig
 from ._sampler import EpochSampler
-from ._workers import PartTask, WorkerPool, assemble, load_batch, plan_parts, use_affinity
+from ._workers import (
+    AffinityRouter,
+    PartTask,
+    WorkerPool,
+    assemble,
+    load_batch,
+    plan_parts,
+    use_affinity,
+)
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -132,11 +140,13 @@ class Producer:
             inflight: deque = deque()
             ahead = max(2, self.config.num_workers * self.config.prefetch_per_worker)
             turn = 0
-            by_affinity = use_affinity(self.dataset, self.config.affinity)
+            router = None
+            if self._pool is not None and use_affinity(self.dataset, self.config.affinity):
+                router = AffinityRouter(self.dataset, len(self._pool))
             while not self._stop.is_set():
                 while self._pool is not None and len(inflight) < ahead:
                     task = next(tasks)
-                    plan = plan_parts(task, self.dataset, len(self._pool), by_affinity, turn)
+                    plan = plan_parts(task, len(self._pool), router, turn)
                     turn += 1
                     for part, (worker, positions) in enumerate(plan):
                         sub = task.subset(positions) if len(plan) > 1 else task

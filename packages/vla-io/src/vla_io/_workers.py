@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from ._collate import collate
 from ._errors import WorkerError
-from ._sampler import BatchTask, mix64
+from ._sampler import BatchTask
 from ._shm import ArenaAllocator, ArenaViews, Packed, set_allocator
 
 log = logging.getLogger(__name__)
@@ -72,21 +72,37 @@ def use_affinity(dataset: Any, setting: bool | None) -> bool:
     return setting
 
 
-def plan_parts(
-    task: BatchTask, dataset: Any, num_workers: int, by_affinity: bool, turn: int
-) -> list[tuple[int, np.ndarray]]:
-    """(worker, sample positions) for each part of a batch.
-
-    With affinity, a sample goes to the worker that owns its `dataset.affinity` key (LeRobotDataset: its
-    episode), so every worker keeps decoders for its own files open; otherwise the batch goes whole to
-    worker `turn`.
+class AffinityRouter:
+    """Which worker owns each affinity key (LeRobotDataset: the episode), so that every worker decodes only
+    its own files and keeps them open. Keys go largest first to the least-loaded worker (by samples), so
+    workers get equal shares of the work; a hash would leave some with far more than others.
     """
-    affinity = getattr(dataset, "affinity", None) if by_affinity else None
-    if affinity is None or num_workers == 1:
+
+    def __init__(self, dataset: Any, num_workers: int) -> None:
+        keys = np.asarray(dataset.affinity(np.arange(len(dataset))), dtype=np.int64)
+        self.keys, counts = np.unique(keys, return_counts=True)
+        self.owners = np.zeros(len(self.keys), dtype=np.int64)
+        self.load = np.zeros(num_workers, dtype=np.int64)  # samples per worker
+        for i in np.lexsort((self.keys, -counts)):  # largest first, ties by key: deterministic
+            worker = int(np.argmin(self.load))
+            self.owners[i] = worker
+            self.load[worker] += counts[i]
+        self._affinity = dataset.affinity
+
+    def __call__(self, indices: np.ndarray) -> np.ndarray:
+        """The owning worker of each sample."""
+        keys = np.asarray(self._affinity(indices), dtype=np.int64)
+        return self.owners[np.searchsorted(self.keys, keys)]
+
+
+def plan_parts(
+    task: BatchTask, num_workers: int, router: AffinityRouter | None, turn: int
+) -> list[tuple[int, np.ndarray]]:
+    """(worker, sample positions) for each part of a batch: by the router's owners, else the whole batch
+    to worker `turn`."""
+    if router is None or num_workers == 1:
         return [(turn % num_workers, np.arange(len(task.indices)))]
-    owners = (mix64(np.asarray(affinity(task.indices), dtype=np.int64)) % np.uint64(num_workers)).astype(
-        np.int64
-    )
+    owners = router(task.indices)
     return [(int(w), np.flatnonzero(owners == w)) for w in np.unique(owners)]
 
 
