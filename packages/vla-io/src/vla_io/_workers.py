@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -27,13 +28,18 @@ SEED_KEY = "sample_seed"
 _POLL_S = 0.1
 
 
+@functools.lru_cache(maxsize=16)
+def _parameters(function: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)
+
+
 def load_batch(dataset: Any, task: BatchTask, image_dtype: str | None, shared: bool) -> dict[str, Any]:
     """The collated batch of a task (or part of one), plus each sample's seed under "sample_seed".
 
     `shared`: ask the dataset for shared-memory tensors (in a worker: the batch's arena)."""
     get_batch = getattr(dataset, "get_batch", None)
     if get_batch is not None:
-        params = inspect.signature(get_batch).parameters
+        params = _parameters(getattr(get_batch, "__func__", get_batch))
         kwargs: dict[str, Any] = {}
         if "image_dtype" in params and image_dtype is not None:
             kwargs["image_dtype"] = image_dtype
