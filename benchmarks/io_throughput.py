@@ -1,15 +1,21 @@
-"""Samples/s delivered by three loaders on the same dataset, cores and batch size.
+"""Samples/s delivered by three loaders on the same dataset, cores and batch size, in steady state.
 
 (a) naive:     a new decoder per sample that decodes the whole episode, then picks the frame
                (the approach of the official GR00T loader);
 (b) per-frame: a new decoder per frame, seeking to it (LeRobot-style, torchcodec approximate mode);
 (c) vla-io:    `vla_io.Pipeline` (long-lived decoders per worker and file, sorted batched fetches,
-               uint8 in shared memory, a host thread, pinned memory and a copy stream).
+               uint8 in reused shared memory, a host thread, pinned memory and a copy stream).
 
-(a) and (b) run in a torch DataLoader with the same workers, batch size and random order; all three return
-uint8 frames (generous to the baselines), an action chunk of 16 and the state. With --augment each batch is
-delivered on --device cropped, resized to 224x224, color-jittered and normalized (both cameras), through
-`ImageAugment` (in the pipeline's L3 step for vla-io; after the copy for the baselines).
+(a) and (b) run in a torch DataLoader with the same workers, batch size and random order (pinned memory
+when delivering to CUDA); all three return uint8 frames (generous to the baselines), an action chunk of 16
+and the state. Every worker process of every loader runs one torch thread and one FFmpeg thread. With
+--augment each batch is delivered on --device cropped, resized to 224x224, color-jittered and normalized
+(both cameras), through `ImageAugment` (in the pipeline's L3 step for vla-io; after the copy for the
+baselines).
+
+Each loader is timed by the clock: a start-up window of --warmup seconds from its creation (worker start,
+first decoder opens: the "cold" rate), then --seconds of steady state (the headline rate, CPU ms/sample
+over the main process and its workers, and the cores they kept busy).
 
     python benchmarks/io_throughput.py --workers 2 --json benchmarks/results/io_throughput_cpu.json
 """
@@ -54,9 +60,11 @@ def parse_args(argv=None):
     p.add_argument("--augment", action="store_true", help="deliver augmented, normalized 224x224 images")
     p.add_argument("--augment-backend", choices=["torch", "dali"], default="torch")
     p.add_argument("--modes", default="a,b,c", help="which loaders to run: a, b, c")
-    p.add_argument("--batches", type=int, default=40, help="timed batches for vla-io and per-frame")
-    p.add_argument("--naive-batches", type=int, default=6, help="timed batches for the naive loader")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=20.0, help="steady-state window per loader")
+    p.add_argument("--warmup", type=float, default=8.0, help="start-up window per loader (seconds)")
+    p.add_argument(
+        "--naive-seconds", type=float, default=None, help="steady window for (a) (default: --seconds)"
+    )
     p.add_argument("--reuse-shared-memory", choices=["on", "off"], default="on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -99,12 +107,14 @@ class BaselineDataset(torch.utils.data.Dataset):
             from torchcodec.decoders import VideoDecoder
 
             if self.mode == "naive":  # the whole episode, then one frame of it
-                return VideoDecoder(path).get_frames_in_range(first, first + length).data[index - first]
-            return VideoDecoder(path, seek_mode="approximate").get_frame_at(index).data
+                decoder = VideoDecoder(path, num_ffmpeg_threads=1)
+                return decoder.get_frames_in_range(first, first + length).data[index - first]
+            return VideoDecoder(path, seek_mode="approximate", num_ffmpeg_threads=1).get_frame_at(index).data
         import av
 
         with av.open(path) as container:
             stream = container.streams.video[0]
+            stream.codec_context.thread_count = 1
             if self.mode == "naive":
                 frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)][
                     first : first + length
@@ -151,12 +161,52 @@ def cpu_seconds(pids) -> float:
 
 
 def to_device(batch: dict, device: str) -> dict:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    return {
+        k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()
+    }
 
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def _one_thread(_worker: int) -> None:
+    torch.set_num_threads(1)  # what vla-io's workers do (DataLoader does it too; explicit for fairness)
+
+
+def timed(batches, pids, args, steady_s: float) -> dict:
+    """Drive an iterator of delivered batches: a start-up window, then a steady-state window."""
+    created = time.perf_counter()
+    batch = next(batches)
+    first_batch_s = time.perf_counter() - created
+    count = 1
+    while time.perf_counter() - created < args.warmup:
+        batch = next(batches)
+        count += 1
+    sync(args.device)
+    cold_s = time.perf_counter() - created
+    workers = pids()
+    cpu = cpu_seconds(workers)
+    start = time.perf_counter()
+    n = 0
+    while n == 0 or time.perf_counter() - start < steady_s:
+        batch = next(batches)
+        n += 1
+    sync(args.device)
+    elapsed = time.perf_counter() - start
+    cpu = cpu_seconds(workers) - cpu
+    samples = n * args.batch_size
+    return {
+        "first_batch_s": first_batch_s,
+        "startup_samples_per_s": count * args.batch_size / cold_s,
+        "batches": n,
+        "seconds": elapsed,
+        "samples_per_s": samples / elapsed,
+        "cpu_ms_per_sample": 1e3 * cpu / samples,
+        "busy_cores": cpu / elapsed,
+        "last_batch": batch,
+    }
 
 
 def run_baseline(root, mode, args, fps) -> dict:
@@ -166,29 +216,24 @@ def run_baseline(root, mode, args, fps) -> dict:
     loader = torch.utils.data.DataLoader(
         ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers, drop_last=True,
         persistent_workers=args.workers > 0, prefetch_factor=2 if args.workers else None,
+        pin_memory=args.device.startswith("cuda"), worker_init_fn=_one_thread,
     )  # fmt: skip
-    count = args.naive_batches if mode == "naive" else args.batches
-    it = iter(loader)
-    for _ in range(args.warmup):
-        next(it)
-    pids = [w.pid for w in getattr(it, "_workers", [])]
-    cpu = cpu_seconds(pids)
-    start = time.perf_counter()
-    for _ in range(count):
-        batch = to_device(next(it), args.device)
-        if augment is not None:
-            batch["sample_seed"] = torch.arange(args.batch_size)
-            batch = augment(batch)
-    sync(args.device)
-    elapsed = time.perf_counter() - start
-    cpu = cpu_seconds(pids) - cpu
-    n = count * args.batch_size
-    return {
-        "batches": count,
-        "seconds": elapsed,
-        "samples_per_s": n / elapsed,
-        "cpu_ms_per_sample": 1e3 * cpu / n,
-    }
+
+    def delivered():
+        while True:
+            for batch in loader:
+                batch = to_device(batch, args.device)
+                if augment is not None:
+                    batch["sample_seed"] = torch.arange(args.batch_size)
+                    batch = augment(batch)
+                yield batch
+
+    batches = delivered()
+    steady = args.naive_seconds if mode == "naive" and args.naive_seconds else args.seconds
+    out = timed(batches, lambda: [w.pid for w in getattr(loader._iterator, "_workers", [])], args, steady)
+    out.pop("last_batch")
+    batches.close()
+    return out
 
 
 def run_vla_io(root, args, fps) -> dict:
@@ -208,42 +253,31 @@ def run_vla_io(root, args, fps) -> dict:
         reuse_shared_memory=args.reuse_shared_memory == "on",
         **extra,
     )
-    stream = iter(_forever(pipe))
-    for _ in range(args.warmup):
-        next(stream)
-    pipe.reset_stats()
-    pool = pipe._producer._pool if pipe._producer is not None else None
-    pids = [p.pid for p in pool._procs] if pool is not None else []
-    cpu = cpu_seconds(pids)
-    start = time.perf_counter()
-    for _ in range(args.batches):
-        batch = next(stream)
-    sync(args.device)
-    elapsed = time.perf_counter() - start
-    cpu = cpu_seconds(pids) - cpu
-    stats = pipe.stats()
+
+    def pids():
+        pipe.reset_stats()  # the steady window starts now
+        pool = pipe._producer._pool if pipe._producer is not None else None
+        return [p.pid for p in pool._procs] if pool is not None else []
+
+    out = timed(_forever(pipe), pids, args, args.seconds)
+    batch = out.pop("last_batch")
+    out["stats"] = pipe.stats()
+    out["affinity"] = pipe._producer.routed_by_affinity
     pipe.close()
     images = batch["images"] if "images" in batch else batch[ds.video_keys[0]]
-    shape = tuple(images.shape)
-    n = args.batches * args.batch_size
-    return {
-        "batches": args.batches,
-        "seconds": elapsed,
-        "samples_per_s": n / elapsed,
-        "cpu_ms_per_sample": 1e3 * cpu / n,
-        "stats": stats,
-        "image_batch_shape": shape,
-        "image_batch": f"{images.dtype} on {images.device}",
-    }
+    out["image_batch_shape"] = tuple(images.shape)
+    out["image_batch"] = f"{images.dtype} on {images.device}"
+    return out
 
 
 def median_run(runs: list[dict]) -> dict:
-    """The run with the median throughput, plus every run's samples/s and CPU ms/sample."""
+    """The run with the median steady throughput, plus every run's rates and CPU ms/sample."""
     ordered = sorted(runs, key=lambda r: r["samples_per_s"])
     out = dict(ordered[len(ordered) // 2])
-    out["all_samples_per_s"] = [r["samples_per_s"] for r in runs]
-    out["all_cpu_ms_per_sample"] = [r["cpu_ms_per_sample"] for r in runs]
+    for key in ("samples_per_s", "startup_samples_per_s", "cpu_ms_per_sample"):
+        out[f"all_{key}"] = [r[key] for r in runs]
     out["median_cpu_ms_per_sample"] = float(np.median(out["all_cpu_ms_per_sample"]))
+    out["median_startup_samples_per_s"] = float(np.median(out["all_startup_samples_per_s"]))
     return out
 
 
@@ -277,20 +311,26 @@ def main(argv=None) -> int:
           f"{' augmented+normalized 224x224' if args.augment else ' (uint8 frames)'}, {os.cpu_count()} CPUs visible")  # fmt: skip
     if args.repeat > 1:
         print(f"medians of {args.repeat} interleaved runs")
-    print(f"{'loader':<36}{'samples/s':>11}{'frames/s':>10}{'vs (a)':>8}{'vs (b)':>8}{'CPU ms/sample':>15}")
+    print(
+        f"{'loader':<34}{'start-up':>10}{'steady':>10}{'frames/s':>10}{'vs (a)':>8}{'vs (b)':>8}"
+        f"{'CPU ms/sample':>15}{'busy cores':>12}"
+    )
     for mode, r in results.items():
         rel = [
             f"{r['samples_per_s'] / results[m]['samples_per_s']:.1f}x" if m in results else "-" for m in "ab"
         ]
         rate = r["samples_per_s"]
-        cpu = r["median_cpu_ms_per_sample"]
         print(
-            f"({mode}) {names[mode]:<32}{rate:>11.1f}{rate * cams:>10.1f}{rel[0]:>8}{rel[1]:>8}{cpu:>15.1f}"
+            f"({mode}) {names[mode]:<30}{r['median_startup_samples_per_s']:>10.1f}{rate:>10.1f}"
+            f"{rate * cams:>10.1f}{rel[0]:>8}{rel[1]:>8}{r['median_cpu_ms_per_sample']:>15.2f}"
+            f"{r['busy_cores']:>12.1f}"
         )
+    print(f"(samples/s; start-up: the first {args.warmup:g} s from creating the loader; steady: the next "
+          f"{args.seconds:g} s)")  # fmt: skip
     if "c" in results:
         s = results["c"]["stats"]
         print(f"vla-io waits per batch: L1 {s['l1_wait_ms']:.1f} ms, L2 {s['l2_wait_ms']:.1f} ms, L3 (consumer) {s['l3_wait_ms']:.1f} ms; "
-              f"device step {s['device_ms']:.1f} ms")  # fmt: skip
+              f"device step {s['device_ms']:.1f} ms; episode affinity {'on' if results['c']['affinity'] else 'off'}")  # fmt: skip
     if args.json:
         record = {
             "benchmark": "io_throughput",

@@ -375,3 +375,15 @@ def test_cuda_decoding_in_the_host_thread(synth_root):
     frames = batch["observation.images.image"]
     assert frames.device.type == "cuda"
     assert [read_frame_marker(f.cpu().numpy())[0] for f in frames] == batch["index"].tolist()
+
+
+def test_sample_windows_async_equals_synchronous(dataset, batches_equal):
+    ref = _run(Pipeline(dataset, 4, synchronous=True, device="cpu", seed=6, sample_window=4), 1)
+    with Pipeline(dataset, 4, num_workers=2, seed=6, device="cpu", sample_window=4) as pipe:
+        got = _run(pipe, 1)
+    for a, b in zip(ref, got):
+        batches_equal(a, b)
+    index = torch.cat([b["index"] for b in ref]).numpy()
+    assert (np.diff(index) == 1).mean() > 0.5  # mostly neighbouring frames
+    with pytest.raises(ValueError, match="episode_bounds"):
+        Pipeline(list(range(10)), 2, sample_window=2, device="cpu")

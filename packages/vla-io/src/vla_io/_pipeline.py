@@ -26,7 +26,9 @@ from ._workers import load_batch
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
-_STATE_FIELDS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "drop_last")
+_STATE_FIELDS = (
+    "seed", "world_size", "batch_size", "num_samples", "shuffle", "drop_last", "sample_window",
+)  # fmt: skip
 
 
 class Pipeline:
@@ -62,9 +64,14 @@ class Pipeline:
             )
         self.config, self.dataset = config, dataset
         self.transform, self.device_transform = transform, device_transform
+        bounds = None
+        if config.sample_window > 1:
+            if not hasattr(dataset, "episode_bounds"):
+                raise ValueError("PipelineConfig.sample_window > 1 needs a dataset with episode_bounds()")
+            bounds = dataset.episode_bounds()
         self.sampler = EpochSampler(
             len(dataset), config.batch_size, seed=config.seed, rank=config.rank, world_size=config.world_size,
-            shuffle=config.shuffle, drop_last=config.drop_last,
+            shuffle=config.shuffle, drop_last=config.drop_last, window=config.sample_window, bounds=bounds,
         )  # fmt: skip
         self.device = resolve_device(config.device)
         decode_device = str(getattr(dataset, "decode_device", "cpu"))
@@ -153,6 +160,7 @@ class Pipeline:
             "num_samples": self.sampler.num_samples,
             "shuffle": self.config.shuffle,
             "drop_last": self.config.drop_last,
+            "sample_window": self.config.sample_window,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

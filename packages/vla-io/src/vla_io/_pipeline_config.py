@@ -31,6 +31,11 @@ class PipelineConfig:
     """Permute samples each epoch (else dataset order)."""
     drop_last: bool = True
     """Drop samples that would make ranks unequal and the last partial batch (fixed shapes)."""
+    sample_window: int = 1
+    """Shuffle windows of this many consecutive frames of an episode instead of single samples (1: a
+    uniform shuffle, the default). A worker then decodes each window forward instead of seeking: on
+    LIBERO-like AV1 (a keyframe every 2 frames) 2 / 4 / 8 cut decoding CPU by about 20 / 33 / 40 %. The
+    price: a batch holds runs of neighbouring, nearly identical frames. Needs `dataset.episode_bounds()`."""
     prefetch_per_worker: int = 2
     """Level 1 loads num_workers * prefetch_per_worker batches ahead of the host thread."""
     affinity: bool | None = None
@@ -57,7 +62,14 @@ class PipelineConfig:
     """Raise if one batch takes longer than this to load."""
 
     def __post_init__(self) -> None:
-        positive = ("batch_size", "world_size", "prefetch_per_worker", "host_buffers", "device_buffers")
+        positive = (
+            "batch_size",
+            "world_size",
+            "prefetch_per_worker",
+            "host_buffers",
+            "device_buffers",
+            "sample_window",
+        )
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")

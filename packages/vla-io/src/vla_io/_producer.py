@@ -124,6 +124,8 @@ class Producer:
                 dataset, config.num_workers, config.start_method, config.image_dtype, config.seed,
                 config.timeout_s, recycle,
             )  # fmt: skip
+        self.routed_by_affinity = self._pool is not None and use_affinity(dataset, config.affinity)
+        self._router = AffinityRouter(dataset, config.num_workers) if self.routed_by_affinity else None
         torch.get_num_threads()  # fixes this thread's intra-op thread count before ours set theirs to 1
         self._threads = [
             threading.Thread(target=self._host_loop, name="vla-io-L2", daemon=True),
@@ -140,9 +142,7 @@ class Producer:
             inflight: deque = deque()
             ahead = max(2, self.config.num_workers * self.config.prefetch_per_worker)
             turn = 0
-            router = None
-            if self._pool is not None and use_affinity(self.dataset, self.config.affinity):
-                router = AffinityRouter(self.dataset, len(self._pool))
+            router = self._router
             while not self._stop.is_set():
                 while self._pool is not None and len(inflight) < ahead:
                     task = next(tasks)
