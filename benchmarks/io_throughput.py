@@ -13,9 +13,9 @@ and the state. Every worker process of every loader runs one torch thread and on
 (both cameras), through `ImageAugment` (in the pipeline's L3 step for vla-io; after the copy for the
 baselines).
 
-Each loader is timed by the clock: a start-up window of --warmup seconds from its creation (worker start,
-first decoder opens: the "cold" rate), then --seconds of steady state (the headline rate, CPU ms/sample
-over the main process and its workers, and the cores they kept busy).
+Each loader is timed by the clock: its first epoch from its creation, at most --warmup seconds (worker
+start, first decoder opens: the start-up rate), then --seconds of steady state (the headline rate, CPU
+ms/sample over the main process and its workers, and the cores they kept busy).
 
     python benchmarks/io_throughput.py --workers 2 --json benchmarks/results/io_throughput_cpu.json
 """
@@ -61,7 +61,12 @@ def parse_args(argv=None):
     p.add_argument("--augment-backend", choices=["torch", "dali"], default="torch")
     p.add_argument("--modes", default="a,b,c", help="which loaders to run: a, b, c")
     p.add_argument("--seconds", type=float, default=20.0, help="steady-state window per loader")
-    p.add_argument("--warmup", type=float, default=8.0, help="start-up window per loader (seconds)")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=10.0,
+        help="start-up window: the first epoch, at most this many seconds",
+    )
     p.add_argument(
         "--naive-seconds", type=float, default=None, help="steady window for (a) (default: --seconds)"
     )
@@ -175,13 +180,14 @@ def _one_thread(_worker: int) -> None:
     torch.set_num_threads(1)  # what vla-io's workers do (DataLoader does it too; explicit for fairness)
 
 
-def timed(batches, pids, args, steady_s: float) -> dict:
-    """Drive an iterator of delivered batches: a start-up window, then a steady-state window."""
+def timed(batches, pids, args, steady_s: float, epoch_batches: int) -> dict:
+    """Drive an iterator of delivered batches: the first epoch (at most --warmup seconds) from creating the
+    loader, then a steady-state window of `steady_s` seconds."""
     created = time.perf_counter()
     batch = next(batches)
     first_batch_s = time.perf_counter() - created
     count = 1
-    while time.perf_counter() - created < args.warmup:
+    while count < epoch_batches and time.perf_counter() - created < args.warmup:
         batch = next(batches)
         count += 1
     sync(args.device)
@@ -199,6 +205,7 @@ def timed(batches, pids, args, steady_s: float) -> dict:
     samples = n * args.batch_size
     return {
         "first_batch_s": first_batch_s,
+        "startup_batches": count,
         "startup_samples_per_s": count * args.batch_size / cold_s,
         "batches": n,
         "seconds": elapsed,
@@ -230,7 +237,8 @@ def run_baseline(root, mode, args, fps) -> dict:
 
     batches = delivered()
     steady = args.naive_seconds if mode == "naive" and args.naive_seconds else args.seconds
-    out = timed(batches, lambda: [w.pid for w in getattr(loader._iterator, "_workers", [])], args, steady)
+    pids = lambda: [w.pid for w in getattr(loader._iterator, "_workers", [])]  # noqa: E731
+    out = timed(batches, pids, args, steady, len(loader))
     out.pop("last_batch")
     batches.close()
     return out
@@ -259,10 +267,10 @@ def run_vla_io(root, args, fps) -> dict:
         pool = pipe._producer._pool if pipe._producer is not None else None
         return [p.pid for p in pool._procs] if pool is not None else []
 
-    out = timed(_forever(pipe), pids, args, args.seconds)
+    out = timed(_forever(pipe), pids, args, args.seconds, len(pipe))
     batch = out.pop("last_batch")
     out["stats"] = pipe.stats()
-    out["affinity"] = pipe._producer.routed_by_affinity
+    out["affinity"] = getattr(pipe._producer, "routed_by_affinity", None)
     pipe.close()
     images = batch["images"] if "images" in batch else batch[ds.video_keys[0]]
     out["image_batch_shape"] = tuple(images.shape)
@@ -306,7 +314,9 @@ def main(argv=None) -> int:
                 runs["c"].append(run_vla_io(root, args, fps))
     results = {m: median_run(r) for m, r in runs.items()}
     cams = len([k for k, f in meta.features.items() if f.get("dtype") == "video"])
-    print(f"\n{meta.version} {args.codec if not args.dataset else ''} {root}")
+    frames = sum(e.length for e in meta.episodes)
+    print(f"\n{meta.version} {args.codec if not args.dataset else ''} {root}: {len(meta.episodes)} episodes, "
+          f"{frames} frames, {cams} cameras")  # fmt: skip
     print(f"batch {args.batch_size}, workers {args.workers}, decoder {args.decoder}/{args.decode_device}, delivered to {args.device}"
           f"{' augmented+normalized 224x224' if args.augment else ' (uint8 frames)'}, {os.cpu_count()} CPUs visible")  # fmt: skip
     if args.repeat > 1:
@@ -325,8 +335,8 @@ def main(argv=None) -> int:
             f"{rate * cams:>10.1f}{rel[0]:>8}{rel[1]:>8}{r['median_cpu_ms_per_sample']:>15.2f}"
             f"{r['busy_cores']:>12.1f}"
         )
-    print(f"(samples/s; start-up: the first {args.warmup:g} s from creating the loader; steady: the next "
-          f"{args.seconds:g} s)")  # fmt: skip
+    print(f"(samples/s; start-up: the first epoch from creating the loader, at most {args.warmup:g} s; "
+          f"steady: the next {args.seconds:g} s)")  # fmt: skip
     if "c" in results:
         s = results["c"]["stats"]
         print(f"vla-io waits per batch: L1 {s['l1_wait_ms']:.1f} ms, L2 {s['l2_wait_ms']:.1f} ms, L3 (consumer) {s['l3_wait_ms']:.1f} ms; "
