@@ -90,6 +90,19 @@ def test_seeded_params_are_reproducible_and_per_sample():
     np.testing.assert_array_equal(same.y0[0::2], same.y0[1::2])
 
 
+def test_seeded_params_are_uniform_and_independent():
+    cfg = CONFIGS["jitter"]
+    p = sample_params(cfg, 4000, 2, 64, 64, seeds=np.arange(4000) * 7919)
+    b = p.brightness.reshape(4000, 2)
+    assert b.min() >= 0.7 and b.max() <= 1.3
+    counts = np.histogram(b[:, 0], bins=10, range=(0.7, 1.3))[0]
+    assert counts.min() > 0.8 * 400 and counts.max() < 1.2 * 400  # flat
+    for x, y in [(b[:, 0], b[:, 1]), (p.brightness, p.contrast), (p.saturation, p.hue)]:
+        assert abs(np.corrcoef(x, y)[0, 1]) < 0.05  # views and parameters draw independently
+    area = (p.y1 - p.y0) * (p.x1 - p.x0) / (64 * 64)
+    assert area.min() >= 0.6 - 1e-9 and area.max() <= 1.0 and (p.y0 >= 0).all() and (p.x1 <= 64).all()
+
+
 def test_dict_interface_stacks_views_with_shared_params(frames):
     cfg = ImageTransformConfig(size=(32, 32), crop_scale=(0.5, 1), brightness=0.3, same_across_views=True)
     batch = {

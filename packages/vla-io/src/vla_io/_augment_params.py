@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._sampler import mix64
+
 OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -105,21 +107,40 @@ class ImageParams:
         )
 
 
-def _draw(cfg: ImageTransformConfig, rng: np.random.Generator, height: int, width: int) -> list[float]:
-    area = height * width * rng.uniform(*cfg.crop_scale)
+def _uniforms(seeds: np.ndarray, num_views: int) -> np.ndarray:
+    """(samples, views, 8) uniforms in [0, 1), each a hash of (seed, view, draw): per-sample random streams
+    without building a generator per image (which cost more than the GPU work it parametrises)."""
+    key = mix64(np.asarray(seeds, dtype=np.int64).astype(np.uint64) ^ np.uint64(0x5EED))
+    streams = mix64(key[:, None] + np.arange(num_views, dtype=np.uint64)[None, :])
+    with np.errstate(over="ignore"):
+        draws = np.arange(1, 9, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    bits = mix64(streams[:, :, None] ^ draws[None, None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _draw(cfg: ImageTransformConfig, u: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(N, 8) parameters [y0, x0, y1, x1, brightness, contrast, saturation, hue] from (N, 8) uniforms."""
+
+    def between(lo: float, hi: float, x: np.ndarray) -> np.ndarray:
+        return lo + (hi - lo) * x
+
+    area = height * width * between(*cfg.crop_scale, u[:, 0])
     lo, hi = cfg.crop_ratio or (width / height, width / height)
-    ratio = math.exp(rng.uniform(math.log(lo), math.log(hi)))
-    w = min(float(width), math.sqrt(area * ratio))
-    h = min(float(height), math.sqrt(area / ratio))
-    x0 = rng.uniform(0, width - w) if w < width else 0.0
-    y0 = rng.uniform(0, height - h) if h < height else 0.0
-    return [
-        y0, x0, y0 + h, x0 + w,
-        rng.uniform(1 - cfg.brightness, 1 + cfg.brightness),
-        rng.uniform(1 - cfg.contrast, 1 + cfg.contrast),
-        rng.uniform(1 - cfg.saturation, 1 + cfg.saturation),
-        rng.uniform(-cfg.hue, cfg.hue),
-    ]  # fmt: skip
+    ratio = np.exp(between(math.log(lo), math.log(hi), u[:, 1]))
+    w = np.minimum(float(width), np.sqrt(area * ratio))
+    h = np.minimum(float(height), np.sqrt(area / ratio))
+    x0 = np.where(w < width, u[:, 2] * (width - w), 0.0)
+    y0 = np.where(h < height, u[:, 3] * (height - h), 0.0)
+    return np.stack(
+        [
+            y0, x0, y0 + h, x0 + w,
+            between(1 - cfg.brightness, 1 + cfg.brightness, u[:, 4]),
+            between(1 - cfg.contrast, 1 + cfg.contrast, u[:, 5]),
+            between(1 - cfg.saturation, 1 + cfg.saturation, u[:, 6]),
+            between(-cfg.hue, cfg.hue, u[:, 7]),
+        ],
+        axis=1,
+    )  # fmt: skip
 
 
 def sample_params(
@@ -131,21 +152,15 @@ def sample_params(
     seeds: Sequence[int] | np.ndarray | None = None,
     rng: np.random.Generator | None = None,
 ) -> ImageParams:
-    """Parameters for `num_samples * num_views` images. With `seeds` (one per sample) each sample's draws
-    depend only on its seed and view, so the same sample is augmented the same way in any batch."""
-    rows = []
-    for b in range(num_samples):
-        shared = None
-        for v in range(num_views):
-            if seeds is not None:
-                view = 0 if cfg.same_across_views else v
-                gen = np.random.default_rng([int(seeds[b]) & 0xFFFFFFFFFFFF, view, 0x5EED])
-            else:
-                gen = rng or np.random.default_rng(cfg.seed)
-            if cfg.same_across_views and shared is not None:
-                rows.append(shared)
-                continue
-            shared = _draw(cfg, gen, height, width)
-            rows.append(shared)
-    table = np.asarray(rows, dtype=np.float64).reshape(-1, 8)
+    """Parameters for `num_samples * num_views` images (sample-major). With `seeds` (one per sample) each
+    sample's draws depend only on its seed and view, so the same sample is augmented the same way in any
+    batch; `same_across_views` gives every view of a sample the draws of view 0."""
+    views = 1 if cfg.same_across_views else num_views
+    if seeds is not None:
+        u = _uniforms(np.asarray(seeds).reshape(-1)[:num_samples], views)
+    else:
+        u = (rng or np.random.default_rng(cfg.seed)).random((num_samples, views, 8))
+    if views != num_views:
+        u = np.repeat(u, num_views, axis=1)
+    table = _draw(cfg, u.reshape(-1, 8), height, width)
     return ImageParams(*(table[:, i] for i in range(8)))
