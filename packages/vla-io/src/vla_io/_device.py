@@ -116,7 +116,7 @@ class HostToDevice:
             out = map_tensors(batch, to_device)
             if device_transform is not None:
                 out = device_transform(out)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # waiting on it (slot reuse) sleeps instead of spinning
             event.record(self.stream)
         self._events[slot] = event
         return out, event
