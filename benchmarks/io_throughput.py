@@ -71,6 +71,9 @@ def parse_args(argv=None):
         "--naive-seconds", type=float, default=None, help="steady window for (a) (default: --seconds)"
     )
     p.add_argument("--reuse-shared-memory", choices=["on", "off"], default="on")
+    p.add_argument(
+        "--sample-window", type=int, default=1, help="vla-io only: shuffle windows of neighbouring frames"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--repeat", type=int, default=1, help="run the loaders in turn this many times; report medians"
@@ -251,6 +254,8 @@ def run_vla_io(root, args, fps) -> dict:
     )  # fmt: skip
     augment = make_augment(ds.video_keys, args)
     extra = {"start_method": "spawn"} if args.decode_device != "cpu" else {}
+    if args.sample_window > 1:
+        extra["sample_window"] = args.sample_window
     pipe = Pipeline(
         ds,
         args.batch_size,
@@ -318,7 +323,8 @@ def main(argv=None) -> int:
     print(f"\n{meta.version} {args.codec if not args.dataset else ''} {root}: {len(meta.episodes)} episodes, "
           f"{frames} frames, {cams} cameras")  # fmt: skip
     print(f"batch {args.batch_size}, workers {args.workers}, decoder {args.decoder}/{args.decode_device}, delivered to {args.device}"
-          f"{' augmented+normalized 224x224' if args.augment else ' (uint8 frames)'}, {os.cpu_count()} CPUs visible")  # fmt: skip
+          f"{' augmented+normalized 224x224' if args.augment else ' (uint8 frames)'}, {os.cpu_count()} CPUs visible"
+          f"{f', vla-io sample window {args.sample_window}' if args.sample_window > 1 else ''}")  # fmt: skip
     if args.repeat > 1:
         print(f"medians of {args.repeat} interleaved runs")
     print(
