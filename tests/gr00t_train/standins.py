@@ -7,11 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import gr00t_train
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-
-import gr00t_train
 
 IN, OUT = 8, 4
 

@@ -11,10 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import gr00t_train
 import pytest
 import torch
-
-import gr00t_train
 from gr00t_train import Checkpointer, Trainer
 
 STANDINS = Path(__file__).with_name("standins.py")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import gr00t_train
+import pytest
 from gr00t_train import ConfigError, TrainConfig, apply_overrides, load_config
 
 
@@ -63,11 +62,20 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("optimizations.comm=nccl", "optimizations.comm: 'nccl' is not one of the allowed values: "
-         "allreduce_after_backward, ddp, overlap, zero1_overlap"),
-        ("optimizations.graph=cuda", "optimizations.graph: 'cuda' is not one of the allowed values: "
-         "eager, full_iteration, per_microbatch"),
-        ("optimizations.data=threads", "optimizations.data: 'threads' is not one of the allowed values: sync, async"),
+        (
+            "optimizations.comm=nccl",
+            "optimizations.comm: 'nccl' is not one of the allowed values: "
+            "allreduce_after_backward, ddp, overlap, zero1_overlap",
+        ),
+        (
+            "optimizations.graph=cuda",
+            "optimizations.graph: 'cuda' is not one of the allowed values: "
+            "eager, full_iteration, per_microbatch",
+        ),
+        (
+            "optimizations.data=threads",
+            "optimizations.data: 'threads' is not one of the allowed values: sync, async",
+        ),
         ("optim.lr=0", "optim.lr: must be > 0"),
         ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),
         ("data.batch_size=0", "data.batch_size: must be >= 1"),

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from gr00t_train import CosineSchedule, OptimConfig
 
 
@@ -31,5 +30,10 @@ def test_from_config_and_apply() -> None:
 
 def test_no_warmup() -> None:
     s = CosineSchedule(peak_lr=2.0, total_steps=4, warmup_steps=0)
-    assert [round(s.lr(i), 6) for i in range(5)] == [2.0, round(1 + math.cos(math.pi / 4), 6), 1.0,
-                                                      round(1 + math.cos(3 * math.pi / 4), 6), 0.0]
+    assert [round(s.lr(i), 6) for i in range(5)] == [
+        2.0,
+        round(1 + math.cos(math.pi / 4), 6),
+        1.0,
+        round(1 + math.cos(3 * math.pi / 4), 6),
+        0.0,
+    ]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
+import gr00t_train
 import pytest
 import torch
-
-import gr00t_train
 from gr00t_train import BatchTooLargeError, NonFiniteLossError, Trainer
 
 
@@ -21,8 +20,20 @@ def test_loss_falls_and_metrics_are_written(tmp_path, env, standins) -> None:
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))
-    for key in ("loss", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "data_wait_s", "h2d_s",
-                "compute_s", "comm_s", "optimizer_s", "step_time_s", "mfu"):
+    for key in (
+        "loss",
+        "lr",
+        "grad_norm",
+        "samples_per_s",
+        "tokens_per_s",
+        "data_wait_s",
+        "h2d_s",
+        "compute_s",
+        "comm_s",
+        "optimizer_s",
+        "step_time_s",
+        "mfu",
+    ):
         assert key in rows[0], key
     assert rows[0]["mfu"] is None  # no peak known for a CPU
     assert rows[3]["lr"] == pytest.approx(5e-2)  # warmup of 4 steps (10% of 40) reaches the peak at step 4
@@ -39,7 +50,9 @@ def test_loss_falls_and_metrics_are_written(tmp_path, env, standins) -> None:
 
 
 def test_peak_flops_give_mfu(tmp_path, env, standins) -> None:
-    cfg = standins.small_config(tmp_path, steps=3, logging__peak_tflops="1e-6", checkpoint__save_final="false")
+    cfg = standins.small_config(
+        tmp_path, steps=3, logging__peak_tflops="1e-6", checkpoint__save_final="false"
+    )
     parts = standins.make_parts()
     Trainer(cfg, parts, env).fit()
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -91,7 +104,9 @@ def test_grad_accumulation_equals_one_large_batch(tmp_path, env, standins) -> No
         parts.model.eval()  # no dropout
         parts.loss_fn = plain_mse
         parts.data = Halves(big, accum)
-        cfg = standins.small_config(tmp_path / str(accum), steps=2, data__batch_size=size, optim__grad_accum=accum)
+        cfg = standins.small_config(
+            tmp_path / str(accum), steps=2, data__batch_size=size, optim__grad_accum=accum
+        )
         trainer = Trainer(cfg, parts, env)
         trainer.fit()
         assert trainer.global_batch == 8 and trainer.samples_seen == 16
@@ -141,7 +156,9 @@ def test_resume_without_random_state_would_diverge(tmp_path, env, standins) -> N
     cfg = standins.small_config(tmp_path, steps=6, checkpoint__every=3)
     Trainer(cfg, standins.make_parts(), env).fit()
     reference = _losses(tmp_path / "run")
-    resumed = gr00t_train.apply_overrides(cfg, ["checkpoint.resume=" + str(tmp_path / "run/checkpoints/step_000003")])
+    resumed = gr00t_train.apply_overrides(
+        cfg, ["checkpoint.resume=" + str(tmp_path / "run/checkpoints/step_000003")]
+    )
     trainer = Trainer(resumed, standins.make_parts(), env)
     import gr00t_train._trainer as loop
 

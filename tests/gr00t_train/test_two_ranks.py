@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -36,12 +38,37 @@ gr00t_train.shutdown_distributed(env)
 """
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _torchrun(script: Path, *args: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
-           str(script), *args]
+    # An explicit free port: torchrun's static rendezvous does not pick one itself (port 0 hangs).
+    port = str(_free_port())
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        str(script),
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
+        out, _ = proc.communicate()
+        raise AssertionError("torchrun timed out:\n" + out[-3000:]) from None
+    assert proc.returncode == 0, out[-5000:]
 
 
 @pytest.mark.slow
@@ -56,7 +83,12 @@ def test_two_rank_run_checkpoints_and_resumes(tmp_path) -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))  # written once, by rank 0
     ck = run / "checkpoints" / "step_000003"
-    assert {p.name for p in ck.iterdir()} >= {"rank00000.pt", "rank00001.pt", "optimizer.pt", "model.safetensors"}
+    assert {p.name for p in ck.iterdir()} >= {
+        "rank00000.pt",
+        "rank00001.pt",
+        "optimizer.pt",
+        "model.safetensors",
+    }
     state = json.loads((ck / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["global_batch"] == 8
     # Each rank kept its own data position and random state.

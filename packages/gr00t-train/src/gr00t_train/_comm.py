@@ -64,4 +64,3 @@ def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
     if mode == "ddp":
         return build_torch_ddp(model, cfg, env)
     raise NotImplementedError(f"optimizations.comm={mode} is wired when vla_overlap lands")
-

@@ -64,7 +64,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         elif suffix == ".json":
             data = json.loads(text)
         else:
-            raise ConfigError("", f"{path}: unknown config format {suffix!r}; use .toml, .yaml, .yml or .json")
+            raise ConfigError(
+                "", f"{path}: unknown config format {suffix!r}; use .toml, .yaml, .yml or .json"
+            )
     except (ValueError, ImportError) as err:
         if isinstance(err, ConfigError):
             raise

@@ -17,7 +17,7 @@ _FALSE = {"false", "0", "no", "off"}
 _NONE = {"none", "null", "~", ""}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved type hints of a dataclass's fields."""
     hints = typing.get_type_hints(cls)

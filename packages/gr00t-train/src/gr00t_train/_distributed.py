@@ -66,7 +66,9 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
         elif world_size == 1:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            )
         else:
             raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set: launch with torchrun")
         owns = True

@@ -24,7 +24,11 @@ class NonFiniteLossError(FloatingPointError):
         self.value = value
         self.episode_ids = episode_ids
         self.rank = rank
-        where = f"episode ids {episode_ids}" if episode_ids else "episode ids unknown (batch has no episode_index)"
+        where = (
+            f"episode ids {episode_ids}"
+            if episode_ids
+            else "episode ids unknown (batch has no episode_index)"
+        )
         super().__init__(
             f"loss is {value} at step {step} (rank {rank}); the batch came from {where}. "
             "Check those episodes for NaN/inf state or action values, or lower optim.lr."

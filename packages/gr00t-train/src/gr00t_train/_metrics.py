@@ -51,7 +51,11 @@ class Throughput:
         dt = max(times["step"], 1e-12)
         sps = self.samples_per_step / dt
         tokens = sps * self.tokens_per_sample if self.tokens_per_sample else None
-        mfu = sps * self.flops_per_sample / self.peak_flops if self.flops_per_sample and self.peak_flops else None
+        mfu = (
+            sps * self.flops_per_sample / self.peak_flops
+            if self.flops_per_sample and self.peak_flops
+            else None
+        )
         phases = {f"{name}_s": times[name] for name in PHASES}
         return StepRecord(step, loss, lr, grad_norm, dt, sps, tokens, mfu, **phases)
 
@@ -174,7 +178,9 @@ class MetricsLogger:
         self._jsonl.flush()
         if self._bar is not None:
             last = records[-1]
-            self._bar.set_postfix(loss=f"{last.loss:.4f}", samples_s=f"{last.samples_per_s:.1f}", refresh=False)
+            self._bar.set_postfix(
+                loss=f"{last.loss:.4f}", samples_s=f"{last.samples_per_s:.1f}", refresh=False
+            )
             self._bar.update(last.step - self._bar.n)
 
     def close(self) -> None:
@@ -196,6 +202,8 @@ def _tensorboard_writer(path: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        log.info("tensorboard is not installed; skipping TensorBoard logs (pip install gr00t-train[tensorboard])")
+        log.info(
+            "tensorboard is not installed; skipping TensorBoard logs (pip install gr00t-train[tensorboard])"
+        )
         return None
     return SummaryWriter(str(path))

@@ -64,5 +64,7 @@ PRESETS: dict[str, Callable[[], TrainConfig]] = {"demo": demo_config, "libero": 
 def preset_config(name: str) -> TrainConfig:
     """A fresh copy of the named preset."""
     if name not in PRESETS:
-        raise ConfigError("preset", f"{name!r} is not one of the allowed values: {', '.join(sorted(PRESETS))}")
+        raise ConfigError(
+            "preset", f"{name!r} is not one of the allowed values: {', '.join(sorted(PRESETS))}"
+        )
     return PRESETS[name]()

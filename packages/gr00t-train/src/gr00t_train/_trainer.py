@@ -111,7 +111,9 @@ class Trainer:
             if self.parts.close is not None:
                 self.parts.close()
         if not metrics.records:
-            raise RuntimeError(f"nothing to train: the checkpoint is already at step {start} of {self.cfg.steps}")
+            raise RuntimeError(
+                f"nothing to train: the checkpoint is already at step {start} of {self.cfg.steps}"
+            )
         summary = summarize(metrics.records, self.cfg.logging.summary_skip, self.throughput)
         if self.env.is_main:
             self._write_report(summary)
@@ -177,7 +179,9 @@ class Trainer:
         for p, value, mine in zip(pending, global_loss, local):
             if not math.isfinite(value):
                 ids = _flat_ids(p.episode_index) if not math.isfinite(mine) else None
-                raise NonFiniteLossError(p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank)
+                raise NonFiniteLossError(
+                    p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank
+                )
         return [
             self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
             for p, loss, norm in zip(pending, global_loss, norms)
@@ -211,7 +215,9 @@ class Trainer:
             return
         path = self.checkpointer.latest() if resume == "auto" else Path(resume)
         if path is None:
-            log.info("checkpoint.resume=auto: no checkpoint in %s yet, starting fresh", self.checkpointer.root)
+            log.info(
+                "checkpoint.resume=auto: no checkpoint in %s yet, starting fresh", self.checkpointer.root
+            )
             return
         loaded = self.checkpointer.load(path)
         state = loaded.trainer_state
