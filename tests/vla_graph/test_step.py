@@ -1,0 +1,396 @@
+"""GraphedStep on CPU, where graph modes run emulated: the same static buffers, warmup, checks, gradient
+handling and callbacks as on a GPU, executed eagerly. Every mode is compared with eager, bitwise."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import vla_graph
+from torch import nn
+from vla_graph import GraphCaptureError, GraphConfig, GraphedStep, ShapeChangeError
+
+GRAPH_MODES = ["per_microbatch", "full_iteration"]
+
+
+def _same(a: dict, b: dict) -> bool:
+    return torch.equal(a["losses"], b["losses"]) and all(
+        torch.equal(x, y) for ga, gb in zip(a["grads"], b["grads"]) for x, y in zip(ga, gb)
+    )
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_graph_modes_match_eager_bitwise(toy, mode: str, dropout: float) -> None:
+    # With dropout on too: warmup's random numbers are undone, so all modes consume one stream.
+    eager = toy.train("eager", iterations=3, count=2, dropout=dropout)
+    graphed = toy.train(mode, iterations=3, count=2, dropout=dropout)
+    assert _same(eager, graphed)
+    assert graphed["step"].report.replays == 3 and graphed["step"].report.captures == 1
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_graph_modes_match_eager_with_adamw(toy, mode: str) -> None:
+    eager = toy.train("eager", iterations=3, count=2, dropout=0.1, optimizer="adamw")
+    assert _same(eager, toy.train(mode, iterations=3, count=2, dropout=0.1, optimizer="adamw"))
+
+
+def test_cpu_runs_graph_modes_emulated_and_says_so(toy, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="vla_graph"):
+        run = toy.train("per_microbatch", iterations=1, count=2, dropout=0.0)
+    assert run["step"].report.backend == "emulated" and run["step"].report.graphs == 2
+    assert "runs emulated" in caplog.text and "no speedup" in caplog.text
+    assert toy.train("eager", iterations=1, count=2, dropout=0.0)["step"].report.backend == "eager"
+
+
+def test_random_streams_are_consumed_identically_in_every_mode(toy) -> None:
+    states = {}
+    for mode in ["eager", *GRAPH_MODES]:
+        run = toy.train(mode, iterations=2, count=3, dropout=0.3)
+        draw_state = run["step"]._draw.generator.get_state()
+        states[mode] = (draw_state, torch.get_rng_state())
+    for mode in GRAPH_MODES:
+        assert torch.equal(states[mode][0], states["eager"][0]), "draw generator"
+        assert torch.equal(states[mode][1], states["eager"][1]), "default generator (dropout)"
+
+
+def _linear_step(events: list, model: nn.Linear, count: int):
+    def step(batch: dict) -> torch.Tensor:
+        events.append(f"step{batch['index']}")
+        loss = model(batch["x"]).square().mean()
+        (loss / count).backward()
+        return loss
+
+    return step
+
+
+def _batches(count: int, seed: int = 0) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    return [{"x": torch.randn(4, 3, generator=gen), "index": i} for i in range(count)]
+
+
+@pytest.mark.parametrize("mode", ["eager", *GRAPH_MODES])
+def test_grad_sync_callbacks_run_after_the_last_backward(mode: str) -> None:
+    events: list[str] = []
+    model = nn.Linear(3, 2)
+    step = GraphedStep(
+        _linear_step(events, model, 2),
+        params=model.parameters(),
+        config=GraphConfig(mode=mode, warmup_iters=2),
+        start_grad_sync=lambda: events.append("start"),
+        finish_grad_sync=lambda: events.append("finish"),
+    )
+    for seed in range(3):
+        events.clear()
+        step(_batches(2, seed))
+        # Emulation re-runs Python at replay; on a GPU only the kernels replay, but the order is the same.
+        assert events[-4:] == ["step0", "step1", "start", "finish"]
+    if mode == "full_iteration":
+        step.reset()
+        events.clear()
+        step(_batches(2))  # warmup and capture include the sync: it is part of the graph
+        assert events.count("start") == 2 + 1 + 1 and events.count("finish") == 4
+    if mode == "per_microbatch":
+        step.reset()
+        events.clear()
+        step(_batches(2))  # the sync stays outside the graphs: only after the replays
+        assert events.count("start") == 1 and events[-2:] == ["start", "finish"]
+
+
+def test_gradients_accumulate_over_microbatches_into_owned_buffers() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_linear_step([], model, 2), params=model.parameters(), config=GraphConfig())
+    owned = None
+    for seed in range(3):
+        batches = _batches(2, seed)
+        step(batches)
+        if owned is None:
+            owned = [p.grad for p in model.parameters()]
+        assert all(p.grad is g for p, g in zip(model.parameters(), owned))
+        reference = nn.Linear(3, 2)
+        reference.load_state_dict(model.state_dict())
+        for batch in batches:
+            (reference(batch["x"]).square().mean() / 2).backward()
+        for p, r in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=1e-7)
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+        model.zero_grad(set_to_none=True)  # vla_graph re-attaches its buffers on the next call
+
+
+def test_a_replaced_grad_is_an_error() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
+    step(_batches(1))
+    model.weight.grad = torch.zeros_like(model.weight)
+    with pytest.raises(RuntimeError, match=r"weight\.grad was replaced by a new tensor"):
+        step(_batches(1))
+
+
+def test_a_hook_that_removes_grads_needs_external_mode() -> None:
+    model = nn.Linear(3, 2)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
+    with pytest.raises(RuntimeError, match="grads='external'"):
+        step(_batches(1))
+
+
+@pytest.mark.parametrize("mode", ["eager", *GRAPH_MODES])
+def test_external_gradient_buffers_filled_by_hooks(mode: str) -> None:
+    """A bucketing wrapper's pattern: hooks add .grad into its own buffer and drop .grad."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    main = {p: torch.zeros_like(p) for p in model.parameters()}
+
+    def move(p: torch.Tensor) -> None:
+        main[p].add_(p.grad)
+        p.grad = None
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(move)
+    step = GraphedStep(
+        _linear_step([], model, 2),
+        params=model.parameters(),
+        config=GraphConfig(mode=mode, grads="external"),
+        zero_grad=lambda: [g.zero_() for g in main.values()],
+    )
+    reference = nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    for seed in range(2):
+        batches = _batches(2, seed)
+        step(batches)
+        reference.zero_grad()
+        for batch in batches:
+            (reference(batch["x"]).square().mean() / 2).backward()
+        for p, r in zip(model.parameters(), reference.parameters()):
+            assert p.grad is None
+            torch.testing.assert_close(main[p], r.grad, rtol=0, atol=1e-7)
+
+
+def test_external_mode_needs_zero_grad_and_no_leftover_grads() -> None:
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="zero_grad"):
+        GraphedStep(lambda b: b, params=model.parameters(), config=GraphConfig(grads="external"))
+    step = GraphedStep(
+        _linear_step([], model, 1),
+        params=model.named_parameters(),
+        config=GraphConfig(grads="external"),
+        zero_grad=lambda: None,
+    )
+    with pytest.raises(RuntimeError, match=r"\.grad was set during capture"):
+        step(_batches(1))
+
+
+def test_call_counts_warmup_capture_and_replay() -> None:
+    events: list[str] = []
+    model = nn.Linear(3, 2)
+    step = GraphedStep(
+        _linear_step(events, model, 2), params=model.parameters(), config=GraphConfig(warmup_iters=3)
+    )
+    step(_batches(2))
+    assert len(events) == 2 * 3 + 2 + 2  # warmup, emulated capture, first replay
+    step(_batches(2))
+    assert len(events) == 12
+    assert step.report.replays == 2 and step.report.capture_seconds > 0
+
+
+def test_outputs_are_copies_that_later_calls_do_not_overwrite() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_linear_step([], model, 1), params=model.parameters())
+    first = step(_batches(1, seed=0))[0]
+    kept = first.clone()
+    step(_batches(1, seed=1))
+    assert torch.equal(first, kept) and not first.requires_grad
+
+
+def test_shape_changes_raise_naming_the_key() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_linear_step([], model, 1), params=model.parameters())
+    step(_batches(1))
+    wider = [{"x": torch.randn(5, 3), "index": 0}]
+    with pytest.raises(ShapeChangeError, match=r"microbatch 0\['x'\] has shape \(5, 3\) instead of \(4, 3\)"):
+        step(wider)
+    with pytest.raises(
+        ShapeChangeError, match="the iteration has 2 microbatches; the graphs were captured for 1"
+    ):
+        step(_batches(2))
+    halves = [{"x": torch.randn(4, 3).double(), "index": 0}]
+    with pytest.raises(ShapeChangeError, match="dtype torch.float64 instead of torch.float32"):
+        step(halves)
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_recapture_keeps_one_graph_set_per_shape(mode: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    ref_model = nn.Linear(3, 2)
+    ref_model.load_state_dict(model.state_dict())
+    config = GraphConfig(mode=mode, on_shape_change="recapture", max_captures=2)
+    step = GraphedStep(_linear_step([], model, 1), params=model.parameters(), config=config)
+    ref = GraphedStep(
+        _linear_step([], ref_model, 1), params=ref_model.parameters(), config=GraphConfig(mode="eager")
+    )
+    for rows in [4, 6, 4, 6]:
+        batch = [{"x": torch.randn(rows, 3), "index": 0}]
+        assert torch.equal(step(batch)[0], ref(batch)[0])
+        assert torch.equal(model.weight.grad, ref_model.weight.grad)
+    assert step.report.captures == 2 and step.report.replays == 4
+    with pytest.raises(ShapeChangeError, match="max_captures=2 is reached"):
+        step([{"x": torch.randn(5, 3), "index": 0}])
+
+
+def test_python_values_in_batches_are_part_of_the_shape() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(lambda b: model(b["x"]).sum() * b["scale"], params=model.parameters())
+    step([{"x": torch.randn(4, 3), "scale": 2.0}])
+    with pytest.raises(ShapeChangeError, match=r"microbatch 0\['scale'\] is the Python float 3.0"):
+        step([{"x": torch.randn(4, 3), "scale": 3.0}])
+
+
+def _syncing_step(model: nn.Linear):
+    def step(batch: dict) -> torch.Tensor:
+        loss = model(batch["x"]).square().mean()
+        if loss.item() > 1e9:  # a host sync that a graph cannot hold
+            raise AssertionError("unreachable")
+        loss.backward()
+        return loss
+
+    return step
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_unsafe_steps_raise_before_capture_by_default(mode: str) -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_syncing_step(model), params=model.parameters(), config=GraphConfig(mode=mode))
+    with pytest.raises(GraphCaptureError, match=r"\[host sync\] \.item\(\) at .*test_step\.py") as info:
+        step(_batches(1))
+    assert info.value.findings and "fallback='eager'" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_eager_fallback_only_when_asked_and_then_matches_eager(mode: str, caplog) -> None:
+    torch.manual_seed(0)
+    model, ref_model = nn.Linear(3, 2), nn.Linear(3, 2)
+    ref_model.load_state_dict(model.state_dict())
+    step = GraphedStep(
+        _syncing_step(model), params=model.parameters(), config=GraphConfig(mode=mode, fallback="eager")
+    )
+    ref = GraphedStep(
+        _syncing_step(ref_model), params=ref_model.parameters(), config=GraphConfig(mode="eager")
+    )
+    with caplog.at_level(logging.WARNING, logger="vla_graph"):
+        for seed in range(2):
+            assert torch.equal(step(_batches(1, seed))[0], ref(_batches(1, seed))[0])
+            assert torch.equal(model.weight.grad, ref_model.weight.grad)
+    assert "fallback='eager'" in caplog.text and ".item()" in caplog.text
+    assert step.report.captures == 0 and step.report.eager_iterations == 2 and len(step.report.fallbacks) == 1
+
+
+def test_unchecked_steps_are_captured_as_is() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_syncing_step(model), params=model.parameters(), config=GraphConfig(check=False))
+    step(_batches(1))  # emulation cannot fail a capture; on a GPU CUDA would (see the gpu tests)
+    assert step.report.captures == 1
+
+
+def test_registered_generators_inside_the_step_match_eager() -> None:
+    results = {}
+    for mode in ["eager", *GRAPH_MODES]:
+        gen = torch.Generator().manual_seed(3)
+        model = nn.Linear(3, 2)
+        torch.nn.init.constant_(model.weight, 0.5)
+        torch.nn.init.constant_(model.bias, 0.1)
+
+        def step(batch: dict, model=model, gen=gen) -> torch.Tensor:
+            noise = torch.randn(batch["x"].shape, generator=gen)
+            loss = model(batch["x"] + noise).square().mean()
+            loss.backward()
+            return loss
+
+        graphed = GraphedStep(
+            step, params=model.parameters(), config=GraphConfig(mode=mode), generators=[gen]
+        )
+        results[mode] = torch.stack([graphed(_batches(2, seed))[1] for seed in range(3)])
+    assert torch.equal(results["per_microbatch"], results["eager"])
+    assert torch.equal(results["full_iteration"], results["eager"])
+
+
+def test_moved_parameters_are_detected_and_reset_recaptures() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters())
+    step(_batches(1))
+    model.weight.data = model.weight.data.clone()
+    with pytest.raises(RuntimeError, match="weight moved to new memory since the graph was captured"):
+        step(_batches(1))
+    step.reset()
+    step(_batches(1))
+    assert step.report.captures == 2
+
+
+def test_bad_calls_and_outputs_are_explained() -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(lambda b: {"loss": model(b["x"]).sum(), "n": 3}, params=model.parameters())
+    with pytest.raises(TypeError, match="non-empty list of dicts"):
+        step({"x": torch.randn(4, 3)})
+    with pytest.raises(TypeError, match="microbatch 1 is a Tensor"):
+        step([{"x": torch.randn(4, 3)}, torch.ones(1)])
+    with pytest.raises(TypeError, match=r"step output\['n'\] is a int"):
+        step([{"x": torch.randn(4, 3)}])
+    clash = GraphedStep(
+        lambda b: b["x"].sum(), params=model.parameters(), draw=lambda b: {"x": torch.ones(1)}
+    )
+    with pytest.raises(ValueError, match=r"draw\(\) returned \['x'\], which microbatch 0 already has"):
+        clash([{"x": torch.randn(4, 3)}])
+    with pytest.raises(ValueError, match="params is empty"):
+        GraphedStep(lambda b: b, params=[])
+
+
+def test_capture_stream_is_a_no_op_off_gpu() -> None:
+    with vla_graph.capture_stream("cpu"):
+        assert torch.ones(1).item() == 1.0
+
+
+class _FailingCapture:
+    """Stands in for CUDA rejecting a capture (what a GPU does with a host sync the check missed)."""
+
+    def __init__(self, backend, message: str) -> None:
+        self.backend, self.message = backend, message
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def capture(self, fn, generators):
+        from vla_graph._device import CaptureFailed
+
+        try:
+            try:
+                raise RuntimeError(self.message)
+            except RuntimeError:
+                raise RuntimeError(
+                    "CUDA error: operation failed due to a previous error during capture"
+                ) from None
+        except RuntimeError as error:
+            raise CaptureFailed(error, ["a warning raised while capturing"]) from error
+
+
+@pytest.mark.parametrize("fallback", ["error", "eager"])
+def test_a_rejected_capture_is_explained_and_falls_back_only_when_asked(fallback: str, caplog) -> None:
+    model = nn.Linear(3, 2)
+    step = GraphedStep(
+        _linear_step([], model, 1), params=model.parameters(), config=GraphConfig(fallback=fallback)
+    )
+    step._backend = _FailingCapture(step._backend, "CUDA error: capturing stream has unjoined work")
+    if fallback == "error":
+        with pytest.raises(GraphCaptureError, match="CUDA graph capture of microbatch 0 failed") as info:
+            step(_batches(1))
+        assert "another CUDA stream" in str(info.value) and "a warning raised while capturing" in str(
+            info.value
+        )
+        assert isinstance(info.value.__cause__, RuntimeError)
+        return
+    with caplog.at_level(logging.WARNING, logger="vla_graph"):
+        out = step(_batches(1))
+    assert out[0].shape == () and step.report.eager_iterations == 1 and "unjoined" in step.report.fallbacks[0]
+    assert model.weight.grad is not None and "restart it" in caplog.text
