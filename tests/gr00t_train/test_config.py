@@ -102,6 +102,13 @@ def test_constructor_validates_too() -> None:
         gr00t_train.OptimConfig(grad_accum=0)
 
 
+def test_graphs_need_a_graph_aware_comm_mode() -> None:
+    with pytest.raises(ConfigError, match="optimizations.graph: 'per_microbatch' cannot run with comm='ddp'"):
+        apply_overrides(TrainConfig(), ["optimizations.comm=ddp", "optimizations.graph=per_microbatch"])
+    cfg = apply_overrides(TrainConfig(), ["optimizations.comm=overlap", "optimizations.graph=full_iteration"])
+    assert cfg.optimizations.graph == "full_iteration"
+
+
 def test_file_errors_are_clear(tmp_path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.toml")

@@ -31,11 +31,13 @@ class CommSetup:
     clip_grad_norm: Callable[[float], torch.Tensor]
     """Global gradient norm before clipping; clips to the given value (inf = no clipping)."""
     zero_grad: Callable[[], None] | None = None
-    """Reset gradients for the next step; None = optimizer.zero_grad(set_to_none=True)."""
+    """Reset the wrapper's own gradient buffers (needed with external_grads)."""
     optimizer_sharded: bool = False
     """Each rank holds a different part of the optimizer state (saved per rank)."""
     start_sync: Callable[[], None] | None = None
     """Explicit launch of the gradient collectives, for callers where hooks do not fire (graph replay)."""
+    external_grads: bool = False
+    """The wrapper moves gradients into its own buffers and leaves `.grad` None."""
 
 
 def _clip(params: list[nn.Parameter]) -> Callable[[float], torch.Tensor]:
@@ -51,7 +53,8 @@ def build_torch_ddp(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSet
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
         bucket_cap_mb=cfg.optimizations.bucket_mb,
-        gradient_as_bucket_view=True,
+        # False: .grad stays the tensor vla_graph attached (bucket views would replace it).
+        gradient_as_bucket_view=False,
     )
     optimizer = build_adamw(model, cfg.optim, cfg.optimizations.fused_optimizer)
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -149,6 +149,12 @@ class OptimizationsConfig(_Section):
     def _check(self) -> None:
         require(self.bucket_mb > 0, "bucket_mb", f"must be > 0, got {self.bucket_mb}")
         require(self.graph_warmup >= 1, "graph_warmup", f"must be >= 1, got {self.graph_warmup}")
+        require(
+            self.comm != "ddp" or self.graph == "eager",
+            "graph",
+            f"{self.graph!r} cannot run with comm='ddp' (torch DDP communicates from autograd hooks, which "
+            "do not fire during graph replay); use comm=overlap or zero1_overlap with graphs",
+        )
 
 
 @dataclass(kw_only=True)

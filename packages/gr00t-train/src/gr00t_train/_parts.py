@@ -57,8 +57,9 @@ class TrainParts:
     """Analytic training FLOPs of one sample (forward + backward), for MFU."""
     tokens_per_sample: float | None = None
     """Tokens one sample puts through the model, for tokens/s."""
-    prepare: Callable[[Batch], Batch] | None = None
-    """Per-microbatch work done eagerly before the step (for example drawing random numbers)."""
+    draw: Callable[[Batch], dict[str, torch.Tensor]] | None = None
+    """Random inputs of one microbatch (flow-matching time and noise), drawn eagerly outside any graph
+    and merged into the batch, so graphed and eager runs consume the same random stream."""
     close: Callable[[], None] | None = None
     """Called once when training ends (after `data.close()`)."""
 

@@ -1,4 +1,5 @@
-"""One step's forward and backward over its microbatches, in the mode `optimizations.graph` names."""
+"""One step's forward and backward over its microbatches, through vla_graph's GraphedStep in the mode
+`optimizations.graph` names (eager, full_iteration, per_microbatch)."""
 
 from __future__ import annotations
 
@@ -6,34 +7,68 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
+import vla_graph
 
 from ._comm import CommSetup
+from ._config import TrainConfig
 from ._parts import Batch, TrainParts
 
 StepRunner = Callable[[list[Batch]], torch.Tensor]
-"""Runs forward + backward of every microbatch of a step (gradients summed and scaled by 1/n, the
-collectives of the last microbatch launched); returns the mean loss, detached, on the device."""
+"""Runs forward + backward of every microbatch of a step (gradients summed and scaled by 1/n, gradient
+sync done); returns the mean loss, detached, on the device."""
 
 
 def autocast_for(device: torch.device, dtype: torch.dtype | None):
     """Autocast context factory for the compute precision (None = full precision)."""
     if dtype is None:
         return nullcontext
-    return lambda: torch.autocast(device.type, dtype=dtype)
+    # cache_enabled=False: a captured step must not keep autocast's weight casts across replays.
+    return lambda: torch.autocast(device.type, dtype=dtype, cache_enabled=False)
 
 
-def eager_runner(parts: TrainParts, comm: CommSetup, autocast) -> StepRunner:
-    """Plain PyTorch: each microbatch's forward and backward, gradient sync held back until the last."""
+def graphed_runner(
+    cfg: TrainConfig,
+    parts: TrainParts,
+    comm: CommSetup,
+    autocast,
+    timed_finish: Callable[[], None] | None = None,
+) -> tuple[StepRunner, vla_graph.GraphedStep]:
+    """The StepRunner of `cfg.optimizations.graph`, and the GraphedStep behind it (for its report)."""
+    n = cfg.optim.grad_accum
+    position = [0]
+
+    def microbatch_step(batch: Batch) -> torch.Tensor:
+        # Only wrappers whose hooks communicate during backward (torch DDP) need no_sync; that path is
+        # eager-only (config validation), so counting microbatches in Python is safe here.
+        last = position[0] % n == n - 1
+        position[0] += 1
+        with nullcontext() if last else comm.no_sync():
+            with autocast():
+                loss = parts.loss_fn(comm.module, batch)
+            (loss / n).backward()
+        return loss.detach()
+
+    mode = cfg.optimizations.graph
+    finish = comm.finish
+    if timed_finish is not None and mode != "full_iteration":
+        finish = timed_finish  # runs eagerly after the last backward: time it as exposed communication
+    step = vla_graph.GraphedStep(
+        microbatch_step,
+        params=[(name, p) for name, p in parts.model.named_parameters() if p.requires_grad],
+        config=vla_graph.GraphConfig(
+            mode=mode,
+            warmup_iters=cfg.optimizations.graph_warmup,
+            grads="external" if comm.external_grads else "owned",
+        ),
+        draw=parts.draw,
+        start_grad_sync=comm.start_sync,
+        finish_grad_sync=finish,
+        zero_grad=comm.zero_grad,
+    )
 
     def run(microbatches: list[Batch]) -> torch.Tensor:
-        n = len(microbatches)
-        total = None
-        for i, batch in enumerate(microbatches):
-            with comm.no_sync() if i < n - 1 else nullcontext():
-                with autocast():
-                    loss = parts.loss_fn(comm.module, batch)
-                (loss / n).backward()
-            total = loss.detach().float() if total is None else total + loss.detach().float()
-        return total / n
+        position[0] = 0
+        losses = step(microbatches)
+        return torch.stack([loss.float() for loss in losses]).mean()
 
-    return run
+    return run, step

@@ -16,7 +16,8 @@ PHASES = ("data_wait", "h2d", "compute", "comm", "optimizer")
 class StepTimes:
     """The timings of one step; `seconds()` resolves them (synchronizing on CUDA events if needed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nested: dict[str, str] | None = None) -> None:
+        self._nested = nested or {}
         self._host: dict[str, float] = {}
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -28,15 +29,19 @@ class StepTimes:
         for name, start, end in self._events:
             end.synchronize()
             out[name] = out.get(name, 0.0) + start.elapsed_time(end) / 1000.0
+        for inner, outer in self._nested.items():  # report the outer phase without the inner one
+            out[outer] = max(0.0, out[outer] - out[inner])
         return out
 
 
 class StepTimer:
     """Times the phases of consecutive steps."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, nested: dict[str, str] | None = None) -> None:
+        """`nested` maps a phase timed inside another to that outer phase (e.g. comm inside compute)."""
         self.cuda = device.type == "cuda"
-        self._current = StepTimes()
+        self._nested = nested or {}
+        self._current = StepTimes(self._nested)
 
     def _mark(self):
         if self.cuda:
@@ -53,7 +58,7 @@ class StepTimer:
 
     def begin_step(self) -> None:
         """Start timing a new step."""
-        self._current = StepTimes()
+        self._current = StepTimes(self._nested)
         self._step_start = self._mark()
 
     @contextmanager

@@ -13,7 +13,7 @@ import torch
 
 from .__about__ import __version__
 from ._checkpoint import Checkpointer
-from ._comm import CommSetup, build_comm
+from ._comm import build_comm
 from ._config import TrainConfig
 from ._config_io import config_to_dict, write_config_json
 from ._distributed import DistEnv
@@ -22,7 +22,7 @@ from ._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_fl
 from ._parts import Batch, TrainParts, episode_ids
 from ._rng import rng_state, seed_everything, set_rng_state
 from ._schedule import CosineSchedule
-from ._step import StepRunner, autocast_for, eager_runner
+from ._step import autocast_for, graphed_runner
 from ._timing import StepTimer, StepTimes
 
 log = logging.getLogger(__name__)
@@ -62,16 +62,16 @@ class Trainer:
         cfg: TrainConfig,
         parts: TrainParts,
         env: DistEnv,
-        *,
-        comm: CommSetup | None = None,
-        runner: StepRunner | None = None,
     ) -> None:
         self.cfg, self.parts, self.env = cfg, parts, env
         configure_backends(cfg)
         seed_everything(cfg.seed + env.rank)
-        self.comm = comm or build_comm(parts.model, cfg, env)
+        self.comm = build_comm(parts.model, cfg, env)
+        self.timer = StepTimer(env.device, nested={"comm": "compute"})
         autocast = autocast_for(env.device, compute_dtype(cfg.precision, env.device))
-        self.run_step = runner or eager_runner(parts, self.comm, autocast)
+        self.run_step, self.graphed_step = graphed_runner(
+            cfg, parts, self.comm, autocast, timed_finish=self._timed_finish
+        )
         self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
         self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
@@ -119,9 +119,13 @@ class Trainer:
             self._write_report(summary)
         return summary
 
+    def _timed_finish(self) -> None:
+        with self.timer.phase("comm"):
+            self.comm.finish()
+
     def _loop(self, metrics: MetricsLogger) -> None:
         cfg = self.cfg
-        timer = StepTimer(self.env.device)
+        timer = self.timer
         pending: list[_Pending] = []
         for step in range(self.step, cfg.steps):
             timer.begin_step()
@@ -148,20 +152,12 @@ class Trainer:
                 self.save()
 
     def _step(self, microbatches: list[Batch], timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
-        comm = self.comm
+        # Gradients are zeroed by the step runner at its start; the sync runs inside it (timed as comm).
         with timer.phase("compute"):
-            if self.parts.prepare is not None:
-                microbatches = [self.parts.prepare(b) for b in microbatches]
             loss = self.run_step(microbatches)
-        with timer.phase("comm"):
-            comm.finish()
         with timer.phase("optimizer"):
-            grad_norm = comm.clip_grad_norm(self.cfg.optim.grad_clip)
-            comm.optimizer.step()
-            if comm.zero_grad is not None:
-                comm.zero_grad()
-            else:
-                comm.optimizer.zero_grad(set_to_none=True)
+            grad_norm = self.comm.clip_grad_norm(self.cfg.optim.grad_clip)
+            self.comm.optimizer.step()
         return loss, grad_norm
 
     def _save_due(self) -> bool:
