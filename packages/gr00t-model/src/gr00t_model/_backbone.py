@@ -1,0 +1,54 @@
+"""The VLM backbone: vision tower -> connector -> image tokens placed at `<IMG_CONTEXT>` -> truncated Qwen3."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._config import GR00TConfig
+from ._language import LanguageModel, init_language_
+from ._vision import VisionTower, build_connector, connect, init_vision_
+
+PIXEL_MEAN = 0.5
+PIXEL_STD = 0.5
+
+
+class Backbone(nn.Module):
+    """`vision_model`, `mlp1`, `language_model`; returns VL features with their validity and image masks."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.vision_model = VisionTower(config)
+        self.mlp1 = build_connector(config)
+        self.language_model = LanguageModel(config)
+        init_vision_(self.vision_model)
+        init_language_(self.language_model)
+
+    def image_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[B, N, 3, H, W] (uint8 frames or normalized floats) -> [B, N * tokens_per_image, D] in prompt order."""
+        batch, count = pixel_values.shape[:2]
+        images = pixel_values.flatten(0, 1)
+        if images.dtype == torch.uint8:
+            images = (images.float() / 255.0 - PIXEL_MEAN) / PIXEL_STD
+        features = self.vision_model(images)
+        tokens = connect(self.mlp1, features, self.config.downsample_factor)
+        return tokens.reshape(batch, count * tokens.shape[1], tokens.shape[2])
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (features [B, S, D] after the final norm, valid [B, S] bool, image_mask [B, S] bool).
+
+        The k-th `<IMG_CONTEXT>` token of a row receives the k-th image token of that row. The batch must hold
+        exactly N * tokens_per_image of them per row (the processor guarantees it; `GR00TN16.validate_batch`
+        checks it eagerly): the placement is a gather, so it never reads the count on the host.
+        """
+        valid = attention_mask.bool()
+        image_mask = input_ids == self.config.image_token_id
+        embeds = self.language_model.embed_tokens(input_ids)
+        images = self.image_tokens(pixel_values)
+        order = (image_mask.long().cumsum(dim=1) - 1).clamp(0, images.shape[1] - 1)
+        placed = images.gather(1, order[..., None].expand(-1, -1, images.shape[-1]))
+        embeds = torch.where(image_mask[..., None], placed.to(embeds.dtype), embeds)
+        return self.language_model(embeds, valid), valid, image_mask

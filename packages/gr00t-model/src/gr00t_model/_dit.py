@@ -1,0 +1,183 @@
+"""The alternating vision-language DiT of the action head (parameter names follow the release's diffusers layout).
+
+Block i: AdaLN(norm1) -> attention -> dropout -> residual; LayerNorm(norm3) -> feed-forward -> residual.
+Odd blocks self-attend over the state/action tokens; even blocks cross-attend to the VL features, to the
+non-image tokens when i % (2 * attend_text_every_n_blocks) == 0 and to the image tokens otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._config import GR00TConfig
+
+
+def timestep_sinusoid(buckets: torch.Tensor, channels: int) -> torch.Tensor:
+    """[B] integer buckets -> [B, channels]: cos half then sin half, frequencies exp(-ln(1e4) i / (half - 1))."""
+    half = channels // 2
+    exponent = (
+        -math.log(10000.0) * torch.arange(half, device=buckets.device, dtype=torch.float32) / (half - 1)
+    )
+    angles = buckets.float()[:, None] * exponent.exp()[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """linear_1 -> SiLU -> linear_2."""
+
+    def __init__(self, channels: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(channels, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class TimestepEncoder(nn.Module):
+    """Sinusoid of the time bucket -> MLP -> `temb` [B, dim]."""
+
+    def __init__(self, channels: int, dim: int) -> None:
+        super().__init__()
+        self.channels = channels
+        self.timestep_embedder = TimestepEmbedding(channels, dim)
+
+    def forward(self, buckets: torch.Tensor) -> torch.Tensor:
+        weight = self.timestep_embedder.linear_1.weight
+        return self.timestep_embedder(timestep_sinusoid(buckets, self.channels).to(weight.dtype))
+
+
+class AdaLayerNorm(nn.Module):
+    """LayerNorm without affine, then x * (1 + scale) + shift with (scale, shift) = Linear(SiLU(temb))."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, 2 * dim)
+        self.norm = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.linear(F.silu(temb)).chunk(2, dim=1)
+        return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
+
+
+class Attention(nn.Module):
+    """Multi-head attention through SDPA; keys/values from `context` (cross) or from the input (self)."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float, context_dim: int | None) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner, source = heads * head_dim, context_dim or dim
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(source, inner)
+        self.to_v = nn.Linear(source, inner)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(dropout)])
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+
+    def key_values(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected keys and values [B, heads, S, head_dim] (reusable across denoising steps)."""
+        return self.split(self.to_k(source)), self.split(self.to_v(source))
+
+    def forward(self, x, context=None, mask=None, kv=None) -> torch.Tensor:
+        key, value = kv if kv is not None else self.key_values(x if context is None else context)
+        attn_mask = None if mask is None else mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(self.split(self.to_q(x)), key, value, attn_mask=attn_mask)
+        out = self.to_out[0](out.transpose(1, 2).flatten(2))
+        return self.to_out[1](out)
+
+
+class GELUProjection(nn.Module):
+    """`proj` Linear followed by tanh-approximated GELU."""
+
+    def __init__(self, dim: int, inner: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.proj(x), approximate="tanh")
+
+
+class FeedForward(nn.Module):
+    """net: [GELU projection, Dropout, Linear, Dropout]."""
+
+    def __init__(self, dim: int, mult: int, dropout: float) -> None:
+        super().__init__()
+        inner = dim * mult
+        self.net = nn.ModuleList(
+            [GELUProjection(dim, inner), nn.Dropout(dropout), nn.Linear(inner, dim), nn.Dropout(dropout)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self.net:
+            x = module(x)
+        return x
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block; only norm1 is time-modulated; attention output gets a second dropout (final_dropout)."""
+
+    def __init__(self, config: GR00TConfig, context_dim: int | None) -> None:
+        super().__init__()
+        dim, p = config.input_embedding_dim, config.dit_dropout
+        self.norm1 = AdaLayerNorm(dim)
+        self.attn1 = Attention(dim, config.dit_num_heads, config.dit_head_dim, p, context_dim)
+        self.final_dropout = nn.Dropout(p)
+        self.norm3 = nn.LayerNorm(dim, eps=1e-5, elementwise_affine=False)
+        self.ff = FeedForward(dim, config.dit_ff_mult, p)
+
+    def forward(self, x, temb, context=None, mask=None, kv=None) -> torch.Tensor:
+        x = x + self.final_dropout(self.attn1(self.norm1(x, temb), context, mask, kv))
+        return x + self.ff(self.norm3(x))
+
+
+class AlternateVLDiT(nn.Module):
+    """32 blocks alternating cross-attention (text / image tokens) and self-attention, AdaLN on the time bucket."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        dim = config.input_embedding_dim
+        self.text_period = 2 * config.attend_text_every_n_blocks
+        self.timestep_encoder = TimestepEncoder(config.timestep_channels, dim)
+        self.transformer_blocks = nn.ModuleList(
+            TransformerBlock(config, None if i % 2 else config.llm_hidden_size)
+            for i in range(config.dit_num_layers)
+        )
+        self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.proj_out_1 = nn.Linear(dim, 2 * dim)
+        self.proj_out_2 = nn.Linear(dim, config.hidden_size)
+
+    def cross_key_values(self, context: torch.Tensor) -> list:
+        """Per-block keys/values of the VL context (None for self-attention blocks), for multi-step inference."""
+        return [None if i % 2 else b.attn1.key_values(context) for i, b in enumerate(self.transformer_blocks)]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        context: torch.Tensor,
+        buckets: torch.Tensor,
+        text_mask: torch.Tensor,
+        image_mask: torch.Tensor,
+        kv_cache: list | None = None,
+    ) -> torch.Tensor:
+        """tokens [B, T, dim], context [B, S, Dc], buckets [B] int, masks [B, S] bool -> [B, T, hidden_size]."""
+        temb = self.timestep_encoder(buckets)
+        text_mask, image_mask = _never_empty(text_mask), _never_empty(image_mask)
+        for i, block in enumerate(self.transformer_blocks):
+            if i % 2:
+                tokens = block(tokens, temb)
+            else:
+                mask = text_mask if i % self.text_period == 0 else image_mask
+                kv = kv_cache[i] if kv_cache is not None else None
+                tokens = block(tokens, temb, context, mask, kv)
+        shift, scale = self.proj_out_1(F.silu(temb)).chunk(2, dim=1)
+        return self.proj_out_2(self.norm_out(tokens) * (1 + scale[:, None]) + shift[:, None])
+
+
+def _never_empty(mask: torch.Tensor) -> torch.Tensor:
+    """A row with nothing to attend to attends to everything instead of producing NaN (only padding rows)."""
+    return mask | ~mask.any(dim=-1, keepdim=True)

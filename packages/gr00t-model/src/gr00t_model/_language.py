@@ -1,0 +1,101 @@
+"""The Qwen3 text decoder, truncated: token embeddings, the first N decoder layers, final RMSNorm, no LM head.
+
+Layers are transformers' `Qwen3DecoderLayer` (SDPA attention); the loop, the rotary tables and the mask are
+ours, built from tensor ops only (no host reads), so a step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._config import GR00TConfig
+from ._vision import _first
+
+
+def qwen3_config(config: GR00TConfig):
+    """The transformers `Qwen3Config` matching our sizes, with only the kept layers."""
+    from transformers import Qwen3Config
+
+    kwargs = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.llm_hidden_size,
+        intermediate_size=config.llm_intermediate_size,
+        num_hidden_layers=config.llm_num_layers,
+        num_attention_heads=config.llm_num_heads,
+        num_key_value_heads=config.llm_num_kv_heads,
+        head_dim=config.llm_head_dim,
+        hidden_act="silu",
+        max_position_embeddings=40960,
+        rms_norm_eps=config.llm_rms_norm_eps,
+        attention_bias=False,
+        attention_dropout=0.0,
+        use_sliding_window=False,
+        tie_word_embeddings=True,
+    )
+    try:
+        hf = Qwen3Config(
+            **kwargs, rope_parameters={"rope_type": "default", "rope_theta": config.llm_rope_theta}
+        )
+    except TypeError:  # releases that still take rope_theta directly
+        hf = Qwen3Config(**kwargs, rope_theta=config.llm_rope_theta)
+    hf._attn_implementation = "sdpa"
+    return hf
+
+
+def rotary_tables(
+    length: int, head_dim: int, theta: float, device, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [1, length, head_dim] of standard (half-split) RoPE at positions 0..length-1."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    freqs = torch.arange(length, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)[None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def causal_padding_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[B, S] valid tokens -> [B, 1, S, S] boolean SDPA mask (True = attend): causal, padding keys hidden.
+
+    Every query also sees itself, so a padding row never has nothing to attend to (SDPA would give NaN).
+    """
+    length = valid.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=valid.device)
+    return (causal[None] & valid[:, None, :]).logical_or(eye[None])[:, None]
+
+
+class LanguageModel(nn.Module):
+    """`embed_tokens`, `layers`, `norm`: the parameter names of transformers' `Qwen3Model`."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm
+
+        hf = qwen3_config(config)
+        self.head_dim = config.llm_head_dim
+        self.rope_theta = config.llm_rope_theta
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.llm_hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(hf, i) for i in range(config.llm_num_layers))
+        self.norm = Qwen3RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
+
+    def forward(self, inputs_embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """[B, S, D] embeddings + [B, S] bool valid -> final-normed hidden states [B, S, D].
+
+        Positions are 0..S-1 for every row: RoPE scores depend only on position differences, so real tokens
+        get the same result whatever padding surrounds them.
+        """
+        cos, sin = rotary_tables(
+            inputs_embeds.shape[1], self.head_dim, self.rope_theta, inputs_embeds.device, inputs_embeds.dtype
+        )
+        mask = causal_padding_mask(valid)
+        hidden = inputs_embeds
+        for layer in self.layers:
+            hidden = _first(layer(hidden, attention_mask=mask, position_embeddings=(cos, sin)))
+        return self.norm(hidden)
+
+
+def init_language_(model: LanguageModel) -> None:
+    """Qwen3's initialisation: N(0, 0.02) for linear weights and token embeddings; RMSNorm weights 1."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)

@@ -1,0 +1,186 @@
+"""GR00T N1.6: the VLM backbone plus the flow-matching action head, with the release's training policy."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ._action_head import ActionHead
+from ._backbone import Backbone
+from ._config import GR00TConfig
+
+BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
+
+
+class GR00TN16(nn.Module):
+    """GR00T N1.6 vision-language-action model.
+
+    Batch (a mapping of tensors on the model's device, fixed shapes):
+      input_ids [B, S] int64, attention_mask [B, S] (bool or int), pixel_values [B, N, 3, H, W] (normalized
+      float, or uint8 frames already at the model's image size), state [B, 1, max_state_dim],
+      embodiment_id [B] int64, and for training action [B, action_horizon, max_action_dim] and action_mask
+      (same shape, 1 on real entries).
+    """
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.backbone = Backbone(config)
+        self.action_head = ActionHead(config)
+        self.apply_training_policy()
+
+    # ----------------------------------------------------------------- policy
+    def apply_training_policy(self) -> None:
+        """Set requires_grad from the config's tune_* fields, then store frozen / trainable weights in their dtypes."""
+        c = self.config
+        self.requires_grad_(True)
+        if not c.tune_llm:
+            self.backbone.language_model.requires_grad_(False)
+        if not c.tune_visual:
+            self.backbone.vision_model.requires_grad_(False)
+            self.backbone.mlp1.requires_grad_(False)
+        for layer in self.backbone.language_model.layers[
+            len(self.backbone.language_model.layers) - c.tune_top_llm_layers :
+        ]:
+            layer.requires_grad_(True)
+        head = self.action_head
+        if not c.tune_projector:
+            for module in (
+                head.state_encoder,
+                head.action_encoder,
+                head.action_decoder,
+                head.position_embedding,
+            ):
+                module.requires_grad_(False)
+            if hasattr(head, "mask_token"):
+                head.mask_token.requires_grad_(False)
+        head.model.requires_grad_(c.tune_diffusion_model)
+        head.vlln.requires_grad_(c.tune_vlln)
+        frozen, trainable = getattr(torch, c.frozen_dtype), getattr(torch, c.trainable_dtype)
+        for param in self.parameters():
+            param.data = param.data.to(trainable if param.requires_grad else frozen)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> GR00TN16:
+        """As nn.Module.train, but a frozen DiT stays in eval mode (no dropout), as in the release."""
+        super().train(mode)
+        if mode and not self.config.tune_diffusion_model:
+            self.action_head.model.eval()
+        return self
+
+    def _autocast(self, device: torch.device):
+        dtype = self.config.compute_dtype
+        if dtype is None or dtype == "float32":
+            return contextlib.nullcontext()
+        # No cast cache: weights are cast where used, which stays valid inside a captured CUDA graph.
+        return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype), cache_enabled=False)
+
+    # ----------------------------------------------------------- checkpoints
+    def save_pretrained(self, path, **kwargs):
+        """Same as gr00t_model.save_pretrained(self, path, **kwargs)."""
+        from ._checkpoint import save_pretrained
+
+        return save_pretrained(self, path, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        """Same as gr00t_model.from_pretrained(path, **kwargs)."""
+        from ._checkpoint import from_pretrained
+
+        return from_pretrained(path, **kwargs)
+
+    # ---------------------------------------------------------------- forward
+    def _features(self, batch: Mapping[str, torch.Tensor]):
+        features, valid, image_mask = self.backbone(
+            batch["input_ids"], batch["attention_mask"], batch["pixel_values"]
+        )
+        return self.action_head.features(features, valid, image_mask)
+
+    def forward(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        noise: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Training step's forward: {"loss": scalar fp32, "valid": number of real action entries}.
+
+        `noise` [B, action_horizon, max_action_dim] and flow time `t` [B] in [0, 1) are drawn inside when not
+        given; pass them to draw them outside a captured graph. No host synchronisation happens here.
+        """
+        action, action_mask = batch["action"], batch["action_mask"]
+        self._check_action_shape(action)
+        if noise is None:
+            noise = torch.randn(action.shape, device=action.device, dtype=torch.float32)
+        if t is None:
+            t = self.action_head.sample_time(action.shape[0], action.device)
+        with self._autocast(action.device):
+            vl, masks = self._features(batch)
+            loss = self.action_head.loss(
+                vl, masks, batch["state"], action, action_mask, batch["embodiment_id"], noise, t
+            )
+        return {"loss": loss, "valid": action_mask.to(torch.float32).sum()}
+
+    @torch.no_grad()
+    def get_action(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        noise: torch.Tensor | None = None,
+        num_steps: int | None = None,
+    ) -> torch.Tensor:
+        """Normalized action chunk [B, action_horizon, max_action_dim] by Euler integration (default 4 steps)."""
+        state = batch["state"]
+        shape = (state.shape[0], self.config.action_horizon, self.config.max_action_dim)
+        if noise is None:
+            noise = torch.randn(shape, device=state.device, dtype=torch.float32)
+        elif tuple(noise.shape) != shape:
+            raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
+        steps = self.config.num_inference_timesteps if num_steps is None else num_steps
+        if steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {steps}")
+        with self._autocast(state.device):
+            vl, masks = self._features(batch)
+            return self.action_head.sample(vl, masks, state, batch["embodiment_id"], noise, steps)
+
+    # ------------------------------------------------------------- checking
+    def _check_action_shape(self, action: torch.Tensor) -> None:
+        expected = (self.config.action_horizon, self.config.max_action_dim)
+        if tuple(action.shape[1:]) != expected:
+            raise ValueError(
+                f"batch['action'] must be [B, {expected[0]}, {expected[1]}], got {tuple(action.shape)}"
+            )
+
+    def validate_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
+        """Eager check of a batch's keys, shapes and image-token counts (reads values: not for captured graphs)."""
+        missing = [k for k in BATCH_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"batch is missing keys {missing}; it has {sorted(batch)}")
+        c = self.config
+        ids, pixels = batch["input_ids"], batch["pixel_values"]
+        if pixels.ndim != 5 or tuple(pixels.shape[2:]) != (3, *c.image_size):
+            raise ValueError(
+                f"batch['pixel_values'] must be [B, N, 3, {c.image_size[0]}, {c.image_size[1]}], got {tuple(pixels.shape)}"
+            )
+        expected = pixels.shape[1] * c.image_tokens_per_image
+        counts = (ids == c.image_token_id).sum(dim=1).tolist()
+        bad = [(row, n) for row, n in enumerate(counts) if n != expected]
+        if bad:
+            raise ValueError(
+                f"batch['input_ids'] rows must each hold {expected} image tokens (id {c.image_token_id}) for "
+                f"{pixels.shape[1]} images; (row, count) wrong: {bad[:5]}"
+            )
+        if tuple(batch["state"].shape[1:]) != (1, c.max_state_dim):
+            raise ValueError(
+                f"batch['state'] must be [B, 1, {c.max_state_dim}], got {tuple(batch['state'].shape)}"
+            )
+        slots = batch["embodiment_id"]
+        if bool(((slots < 0) | (slots >= c.max_num_embodiments)).any()):
+            raise ValueError(
+                f"batch['embodiment_id'] values must be in [0, {c.max_num_embodiments}), got {slots.tolist()}"
+            )
+        if "action" in batch:
+            self._check_action_shape(batch["action"])
+            if batch["action_mask"].shape != batch["action"].shape:
+                raise ValueError("batch['action_mask'] must have the shape of batch['action']")

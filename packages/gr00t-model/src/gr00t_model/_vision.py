@@ -1,0 +1,142 @@
+"""SigLIP2 vision tower and the pixel-unshuffle MLP connector.
+
+The encoder layers are transformers' `Siglip2EncoderLayer`. The patch/position embedding is our own small
+module with the same parameter names as transformers' `Siglip2VisionEmbeddings`: that class resizes the
+position table per image from sizes it reads on the host, which breaks CUDA graph capture. Here every image of
+a batch has the same size, so the resize uses Python ints only. Each image is its own batch row, so images
+attend only within themselves whatever attention kernel runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._config import GR00TConfig
+
+
+def siglip2_config(config: GR00TConfig):
+    """The transformers `Siglip2VisionConfig` matching our sizes (SDPA attention, no pooling head)."""
+    from transformers import Siglip2VisionConfig
+
+    hf = Siglip2VisionConfig(
+        hidden_size=config.vision_hidden_size,
+        intermediate_size=config.vision_intermediate_size,
+        num_hidden_layers=config.vision_num_layers,
+        num_attention_heads=config.vision_num_heads,
+        num_channels=3,
+        patch_size=config.vision_patch_size,
+        num_patches=config.vision_num_positions,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=config.vision_layer_norm_eps,
+        attention_dropout=0.0,
+        vision_use_head=False,
+    )
+    hf._attn_implementation = "sdpa"
+    return hf
+
+
+def patchify(pixel_values: torch.Tensor, patch: int) -> torch.Tensor:
+    """[N, C, H, W] -> [N, (H/p)*(W/p), p*p*C], patches in raster order, each flattened as (row, col, channel)."""
+    n, c, h, w = pixel_values.shape
+    x = pixel_values.reshape(n, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(n, (h // patch) * (w // patch), patch * patch * c)
+
+
+class VisionEmbeddings(nn.Module):
+    """Linear patch embedding plus the learned position grid resized (bilinear, antialiased) to the patch grid."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        width, patch = config.vision_hidden_size, config.vision_patch_size
+        self.patch_size = patch
+        self.grid = math.isqrt(config.vision_num_positions)
+        self.patch_embedding = nn.Linear(3 * patch * patch, width)
+        self.position_embedding = nn.Embedding(config.vision_num_positions, width)
+
+    def positions(self, rows: int, cols: int) -> torch.Tensor:
+        """[rows*cols, width] position embeddings for a rows x cols patch grid."""
+        table = self.position_embedding.weight
+        grid = table.float().reshape(self.grid, self.grid, -1).permute(2, 0, 1).unsqueeze(0)
+        if (rows, cols) != (self.grid, self.grid):
+            grid = F.interpolate(
+                grid, size=(rows, cols), mode="bilinear", align_corners=False, antialias=True
+            )
+        return grid.reshape(table.shape[-1], rows * cols).t()
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] -> [N, (H/p)*(W/p), width]."""
+        rows, cols = pixel_values.shape[-2] // self.patch_size, pixel_values.shape[-1] // self.patch_size
+        patches = patchify(pixel_values, self.patch_size).to(self.patch_embedding.weight.dtype)
+        embeds = self.patch_embedding(patches)
+        return embeds + self.positions(rows, cols).to(embeds.dtype)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+
+class VisionTower(nn.Module):
+    """SigLIP2 so400m/14 without its pooling head: embeddings, encoder layers, post LayerNorm."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        from transformers.models.siglip2.modeling_siglip2 import Siglip2EncoderLayer
+
+        hf = siglip2_config(config)
+        self.embeddings = VisionEmbeddings(config)
+        self.encoder = _Encoder([Siglip2EncoderLayer(hf) for _ in range(config.vision_num_layers)])
+        self.post_layernorm = nn.LayerNorm(config.vision_hidden_size, eps=config.vision_layer_norm_eps)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] -> [N, H/p, W/p, width] (one image per row: attention stays inside each image)."""
+        rows, cols = (
+            pixel_values.shape[-2] // self.embeddings.patch_size,
+            pixel_values.shape[-1] // self.embeddings.patch_size,
+        )
+        hidden = self.embeddings(pixel_values)
+        for layer in self.encoder.layers:
+            hidden = _first(layer(hidden, attention_mask=None))
+        hidden = self.post_layernorm(hidden)
+        return hidden.reshape(hidden.shape[0], rows, cols, hidden.shape[-1])
+
+
+def build_connector(config: GR00TConfig) -> nn.Sequential:
+    """`mlp1`: LayerNorm(4C) -> Linear(4C, D) -> GELU -> Linear(D, D) on 2x2-unshuffled patch features."""
+    merged = config.vision_hidden_size * config.downsample_factor**2
+    return nn.Sequential(
+        nn.LayerNorm(merged),
+        nn.Linear(merged, config.llm_hidden_size),
+        nn.GELU(),
+        nn.Linear(config.llm_hidden_size, config.llm_hidden_size),
+    )
+
+
+def connect(mlp1: nn.Sequential, features: torch.Tensor, factor: int) -> torch.Tensor:
+    """[N, h, w, C] patch grid -> pixel_unshuffle(factor) -> mlp1 -> [N, (h/f)*(w/f), D] tokens in raster order."""
+    grid = features.permute(0, 3, 1, 2)
+    merged = F.pixel_unshuffle(grid, factor).flatten(2).transpose(1, 2)
+    return mlp1(merged)
+
+
+def init_vision_(tower: VisionTower) -> None:
+    """SigLIP-style initialisation: Xavier attention/MLP weights, LeCun-normal patch embedding."""
+    emb = tower.embeddings
+    nn.init.normal_(emb.patch_embedding.weight, std=emb.patch_embedding.in_features**-0.5)
+    nn.init.zeros_(emb.patch_embedding.bias)
+    nn.init.normal_(emb.position_embedding.weight, std=emb.position_embedding.embedding_dim**-0.5)
+    for layer in tower.encoder.layers:
+        for module in layer.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+
+
+def _first(output):
+    """Layers return a tensor in transformers 5.x and a 1-tuple in some older versions."""
+    return output[0] if isinstance(output, tuple) else output

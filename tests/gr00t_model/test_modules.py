@@ -1,0 +1,224 @@
+"""Each building block against a plain reference: transformers' own SigLIP2 / Qwen3 models, and the spec's formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gr00t_model._action_head import CategorySpecificLinear, bucket_sinusoid
+from gr00t_model._dit import AlternateVLDiT, timestep_sinusoid
+from gr00t_model._language import LanguageModel, init_language_, qwen3_config
+from gr00t_model._vision import VisionTower, connect, init_vision_, patchify, siglip2_config
+from torch import nn
+
+
+def test_patchify_matches_transformers_patch_order() -> None:
+    try:  # numpy reference (transformers >= 5.2x moved it to the PIL processor module)
+        from transformers.models.siglip2.image_processing_pil_siglip2 import convert_image_to_patches
+    except ImportError:
+        from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+
+    images = torch.randn(3, 3, 42, 28)
+    ours = patchify(images, 14)
+    for i in range(3):
+        assert torch.equal(ours[i], torch.from_numpy(convert_image_to_patches(images[i].numpy(), 14)))
+
+
+@pytest.mark.parametrize("size", [(56, 56), (84, 112)])  # 4x4 grid as stored, and resized to 6x8
+def test_vision_tower_matches_transformers_siglip2(fp32_tiny, size) -> None:
+    from transformers import Siglip2VisionModel
+
+    config = fp32_tiny(image_size=size)
+    ours = VisionTower(config).eval()
+    init_vision_(ours)
+    reference = Siglip2VisionModel(siglip2_config(config)).eval()
+    prefix = "vision_model." if hasattr(reference, "vision_model") else ""  # older transformers nest it
+    missing, unexpected = reference.load_state_dict(
+        {prefix + k: v for k, v in ours.state_dict().items()}, strict=False
+    )
+    assert not missing and not unexpected
+    images = torch.randn(3, 3, *size)
+    rows, cols = size[0] // 14, size[1] // 14
+    with torch.no_grad():
+        expected = reference(
+            pixel_values=patchify(images, 14),
+            pixel_attention_mask=torch.ones(3, rows * cols, dtype=torch.long),
+            spatial_shapes=torch.tensor([[rows, cols]] * 3),
+        ).last_hidden_state
+        got = ours(images)
+    assert got.shape == (3, rows, cols, config.vision_hidden_size)
+    torch.testing.assert_close(got.reshape(3, rows * cols, -1), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_images_attend_only_within_themselves(fp32_tiny) -> None:
+    tower = VisionTower(fp32_tiny()).eval()
+    images = torch.randn(2, 3, 56, 56)
+    changed = images.clone()
+    changed[1] = torch.randn(3, 56, 56)
+    with torch.no_grad():
+        a, b = tower(images), tower(changed)
+        alone = tower(images[:1])
+    assert torch.equal(a[0], b[0]) and not torch.allclose(a[1], b[1])
+    torch.testing.assert_close(alone[0], a[0], atol=1e-6, rtol=1e-6)
+
+
+def test_connector_unshuffles_2x2_neighbourhoods_in_raster_order() -> None:
+    features = torch.randn(2, 4, 6, 5)  # [N, h, w, C]
+    tokens = connect(nn.Identity(), features, 2)
+    assert tokens.shape == (2, 2 * 3, 4 * 5)
+    for i in range(2):
+        for j in range(3):
+            expected = torch.stack(
+                [features[:, 2 * i + di, 2 * j + dj] for di in (0, 1) for dj in (0, 1)], dim=-1
+            )
+            assert torch.equal(
+                tokens[:, i * 3 + j], expected.reshape(2, -1)
+            )  # channel-major: c * 4 + di * 2 + dj
+
+
+def test_language_model_matches_transformers_qwen3_with_left_padding(fp32_tiny) -> None:
+    from transformers import Qwen3Model
+
+    config = fp32_tiny()
+    ours = LanguageModel(config).eval()
+    init_language_(ours)
+    reference = Qwen3Model(qwen3_config(config)).eval()
+    missing, unexpected = reference.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in k for k in missing)
+    embeds = torch.randn(2, 9, config.llm_hidden_size)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, :3] = False  # left padding
+    with torch.no_grad():
+        got = ours(embeds, valid)
+        expected = reference(inputs_embeds=embeds, attention_mask=valid.long()).last_hidden_state
+    torch.testing.assert_close(got[valid], expected[valid], atol=2e-5, rtol=1e-5)
+    assert torch.isfinite(got).all()
+
+
+def test_language_model_output_does_not_depend_on_padding_side_or_amount(fp32_tiny) -> None:
+    ours = LanguageModel(fp32_tiny()).eval()
+    init_language_(ours)
+    real = torch.randn(1, 6, 64)
+    left = torch.cat([torch.randn(1, 4, 64), real], dim=1)
+    right = torch.cat([real, torch.randn(1, 2, 64)], dim=1)
+    with torch.no_grad():
+        alone = ours(real, torch.ones(1, 6, dtype=torch.bool))
+        from_left = ours(left, torch.tensor([[False] * 4 + [True] * 6]))[:, 4:]
+        from_right = ours(right, torch.tensor([[True] * 6 + [False] * 2]))[:, :6]
+    torch.testing.assert_close(from_left, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(from_right, alone, atol=1e-6, rtol=1e-6)
+
+
+def test_timestep_sinusoid_is_the_diffusers_formula() -> None:
+    buckets = torch.tensor([0, 250, 999])
+    got = timestep_sinusoid(buckets, 256)
+    half = 128
+    freqs = [math.exp(-math.log(10000) * i / (half - 1)) for i in range(half)]
+    for row, b in enumerate(buckets.tolist()):
+        expected = [math.cos(b * f) for f in freqs] + [math.sin(b * f) for f in freqs]
+        torch.testing.assert_close(got[row], torch.tensor(expected), atol=2e-4, rtol=0)
+
+
+def test_action_encoder_sinusoid_sines_then_cosines() -> None:
+    got = bucket_sinusoid(torch.tensor([7, 500]), 3, 8)
+    assert got.shape == (2, 3, 8)
+    freqs = [math.exp(-i * math.log(10000) / 4) for i in range(4)]
+    expected = torch.tensor(
+        [[math.sin(b * f) for f in freqs] + [math.cos(b * f) for f in freqs] for b in (7, 500)]
+    )
+    torch.testing.assert_close(got[:, 1], expected, atol=2e-4, rtol=0)
+    assert torch.equal(got[:, 0], got[:, 2])
+
+
+def test_category_specific_linear_picks_each_rows_slot() -> None:
+    layer = CategorySpecificLinear(5, 3, 4)
+    nn.init.normal_(layer.b)
+    x, slots = torch.randn(3, 2, 3), torch.tensor([4, 0, 4])
+    got = layer(x, slots)
+    for i, s in enumerate(slots.tolist()):
+        torch.testing.assert_close(got[i], x[i] @ layer.W[s] + layer.b[s])
+
+
+def _reference_dit(dit: AlternateVLDiT, tokens, context, buckets, text_mask, image_mask, period: int):
+    """The spec's DiT, written out with explicit softmax attention and -inf masks (eval mode)."""
+
+    def attend(attn, x, source, mask):
+        q, k, v = attn.to_q(x), attn.to_k(source), attn.to_v(source)
+        heads = attn.heads
+
+        def split(t):
+            return t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
+
+        scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(q.shape[-1] // heads)
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        out = (scores.softmax(-1) @ split(v)).transpose(1, 2).reshape(x.shape)
+        return attn.to_out[0](out)
+
+    def norm(x, eps):
+        return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+    temb = dit.timestep_encoder(buckets)
+    x = tokens
+    for i, block in enumerate(dit.transformer_blocks):
+        scale, shift = block.norm1.linear(F.silu(temb)).chunk(2, dim=1)
+        h = norm(x, 1e-5) * (1 + scale[:, None]) + shift[:, None]
+        if i % 2:
+            x = x + attend(block.attn1, h, h, None)
+        else:
+            x = x + attend(block.attn1, h, context, text_mask if i % period == 0 else image_mask)
+        ff = block.ff.net
+        x = x + ff[2](F.gelu(ff[0].proj(norm(x, 1e-5)), approximate="tanh"))
+    shift, scale = dit.proj_out_1(F.silu(temb)).chunk(2, dim=1)
+    return dit.proj_out_2(norm(x, 1e-6) * (1 + scale[:, None]) + shift[:, None])
+
+
+def test_dit_matches_the_plain_reference_with_its_masks(fp32_tiny) -> None:
+    config = fp32_tiny(dit_num_layers=8)
+    dit = AlternateVLDiT(config).eval()
+    tokens, context = torch.randn(2, 5, 64), torch.randn(2, 7, 64)
+    image = torch.tensor([[0, 1, 1, 0, 0, 1, 0], [0, 0, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    buckets = torch.tensor([3, 998])
+    with torch.no_grad():
+        got = dit(tokens, context, buckets, ~image & valid, image & valid)
+        expected = _reference_dit(dit, tokens, context, buckets, ~image & valid, image & valid, 4)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_dit_block_kinds_and_what_each_cross_block_sees(fp32_tiny) -> None:
+    config = fp32_tiny(dit_num_layers=2)  # block 0 attends to text only, block 1 is self-attention
+    dit = AlternateVLDiT(config).eval()
+    assert dit.transformer_blocks[0].attn1.to_k.in_features == config.llm_hidden_size
+    assert dit.transformer_blocks[1].attn1.to_k.in_features == config.input_embedding_dim
+    tokens, context = torch.randn(1, 4, 64), torch.randn(1, 6, 64)
+    image = torch.tensor([[0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    perturbed = context.clone()
+    perturbed[0, 2:4] += 5.0  # image tokens
+    perturbed[0, 5] += 5.0  # a padding token
+    args = (torch.tensor([10]), ~image & valid, image & valid)
+    with torch.no_grad():
+        assert torch.equal(dit(tokens, context, *args), dit(tokens, perturbed, *args))
+        perturbed[0, 0] += 5.0  # a text token
+        assert not torch.allclose(dit(tokens, context, *args), dit(tokens, perturbed, *args))
+
+
+def test_dit_cached_keys_values_give_the_same_result(fp32_tiny) -> None:
+    dit = AlternateVLDiT(fp32_tiny()).eval()
+    tokens, context = torch.randn(2, 5, 64), torch.randn(2, 7, 64)
+    masks = (torch.rand(2, 7) > 0.3, torch.rand(2, 7) > 0.3)
+    with torch.no_grad():
+        plain = dit(tokens, context, torch.tensor([0, 250]), *masks)
+        cached = dit(tokens, context, torch.tensor([0, 250]), *masks, kv_cache=dit.cross_key_values(context))
+    assert torch.equal(plain, cached)
+
+
+def test_dit_row_with_nothing_to_attend_to_stays_finite(fp32_tiny) -> None:
+    dit = AlternateVLDiT(fp32_tiny()).eval()
+    nothing = torch.zeros(1, 7, dtype=torch.bool)
+    with torch.no_grad():
+        out = dit(torch.randn(1, 5, 64), torch.randn(1, 7, 64), torch.tensor([5]), nothing, nothing)
+    assert torch.isfinite(out).all()
