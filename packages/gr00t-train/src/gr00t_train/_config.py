@@ -211,7 +211,8 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto = CUDA when available (one GPU per process under torchrun), else CPU."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """Compute precision; auto = bf16 autocast on CUDA, fp32 on CPU."""
+    """Model precision: bf16 = frozen weights bf16, trainable fp32, bf16 autocast (the release's policy);
+    fp32 = everything fp32; auto = bf16 on CUDA, the model preset's own choice on CPU."""
     output_dir: str = "runs/gr00t-train"
     """Where logs, plots, the resolved config and (by default) checkpoints go."""
     data: DataConfig = field(default_factory=DataConfig)

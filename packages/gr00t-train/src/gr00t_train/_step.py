@@ -18,19 +18,10 @@ StepRunner = Callable[[list[Batch]], torch.Tensor]
 sync done); returns the mean loss, detached, on the device."""
 
 
-def autocast_for(device: torch.device, dtype: torch.dtype | None):
-    """Autocast context factory for the compute precision (None = full precision)."""
-    if dtype is None:
-        return nullcontext
-    # cache_enabled=False: a captured step must not keep autocast's weight casts across replays.
-    return lambda: torch.autocast(device.type, dtype=dtype, cache_enabled=False)
-
-
 def graphed_runner(
     cfg: TrainConfig,
     parts: TrainParts,
     comm: CommSetup,
-    autocast,
     timed_finish: Callable[[], None] | None = None,
 ) -> tuple[StepRunner, vla_graph.GraphedStep]:
     """The StepRunner of `cfg.optimizations.graph`, and the GraphedStep behind it (for its report)."""
@@ -43,8 +34,7 @@ def graphed_runner(
         last = position[0] % n == n - 1
         position[0] += 1
         with nullcontext() if last else comm.no_sync():
-            with autocast():
-                loss = parts.loss_fn(comm.module, batch)
+            loss = parts.loss_fn(comm.module, batch)  # precision (autocast) is the model's own business
             (loss / n).backward()
         return loss.detach()
 

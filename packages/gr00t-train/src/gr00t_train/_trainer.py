@@ -22,7 +22,7 @@ from ._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_fl
 from ._parts import Batch, TrainParts, episode_ids
 from ._rng import rng_state, seed_everything, set_rng_state
 from ._schedule import CosineSchedule
-from ._step import autocast_for, graphed_runner
+from ._step import graphed_runner
 from ._timing import StepTimer, StepTimes
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,6 @@ class _Pending:
     lr: float
     episode_index: list[Any]
     times: StepTimes
-
-
-def compute_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `precision` (None = fp32 everywhere)."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 def configure_backends(cfg: TrainConfig) -> None:
@@ -68,9 +61,8 @@ class Trainer:
         seed_everything(cfg.seed + env.rank)
         self.comm = build_comm(parts.model, cfg, env)
         self.timer = StepTimer(env.device, nested={"comm": "compute"})
-        autocast = autocast_for(env.device, compute_dtype(cfg.precision, env.device))
         self.run_step, self.graphed_step = graphed_runner(
-            cfg, parts, self.comm, autocast, timed_finish=self._timed_finish
+            cfg, parts, self.comm, timed_finish=self._timed_finish
         )
         self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
