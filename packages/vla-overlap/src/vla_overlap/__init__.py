@@ -1,5 +1,24 @@
-"""vla-overlap: see the package README."""
+"""vla-overlap: data parallelism that hides gradient and parameter communication behind compute.
+
+`OverlapDataParallel` reduces gradients bucket by bucket during backward; `DistributedAdamW` adds ZeRO-1
+(sharded fp32 master weights and AdamW state, reduce-scatter, parameter all-gather prefetched in forward).
+"""
 
 from .__about__ import __version__
+from ._build import COMM_MODES, build_data_parallel, clip_grad_norm_
+from ._config import OverlapConfig
+from ._layout import Layout, plan_layout
+from ._optimizer import DistributedAdamW
+from ._wrapper import OverlapDataParallel
 
-__all__ = ["__version__"]
+__all__ = [
+    "COMM_MODES",
+    "DistributedAdamW",
+    "Layout",
+    "OverlapConfig",
+    "OverlapDataParallel",
+    "__version__",
+    "build_data_parallel",
+    "clip_grad_norm_",
+    "plan_layout",
+]

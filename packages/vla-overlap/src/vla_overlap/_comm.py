@@ -1,0 +1,102 @@
+"""The collectives we need, under whatever names this torch version gives them, and the CUDA side stream.
+
+Everything CUDA-specific sits here so that the bucket logic runs unchanged on CPU with gloo, where
+collectives are asynchronous on gloo's own threads and streams do not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def first_available(module: Any, *names: str) -> Callable[..., Any]:
+    """The first of `names` that `module` defines: collectives were renamed across torch releases
+    (`_reduce_scatter_base` -> `reduce_scatter_tensor` -> `reduce_scatter_single`), and calling a
+    deprecated name warns on every call."""
+    for name in names:
+        found = getattr(module, name, None)
+        if found is not None:
+            return found
+    raise RuntimeError(f"this torch.distributed has none of {names}; vla-overlap needs torch >= 2.6")
+
+
+def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any) -> Any:
+    fn = first_available(dist, "reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+    return fn(output, input, dist.ReduceOp.SUM, group, True)
+
+
+def _all_gather(output: torch.Tensor, input: torch.Tensor, group: Any) -> Any:
+    fn = first_available(dist, "all_gather_single", "all_gather_into_tensor", "_all_gather_base")
+    return fn(output, input, group, True)
+
+
+class Communicator:
+    """Asynchronous collectives over one process group; each returns a handle with `wait()`."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "vla_overlap needs torch.distributed: call torch.distributed.init_process_group(...) first "
+                "(a world size of 1 is fine)"
+            )
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the given process_group")
+        self._first_global_rank = dist.get_global_rank(self.group, 0)
+
+    def all_reduce(self, tensor: torch.Tensor) -> Any:
+        """In-place SUM, asynchronous."""
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> Any:
+        """SUM of `input` over ranks; this rank's 1/size slice lands in `output` (may be a view of input)."""
+        return _reduce_scatter(output, input, self.group)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> Any:
+        """Concatenation of every rank's `input` into `output` (input may be a view of output)."""
+        return _all_gather(output, input, self.group)
+
+    def all_reduce_now(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
+        dist.all_reduce(tensor, op=op, group=self.group)
+
+    def broadcast_now(self, tensor: torch.Tensor) -> None:
+        """Overwrite `tensor` with the group's first rank's copy."""
+        dist.broadcast(tensor, src=self._first_global_rank, group=self.group)
+
+
+class CommStream:
+    """A side stream for collectives on CUDA; does nothing on other devices.
+
+    The side stream first waits for everything already queued on the current stream (the gradients or
+    parameters a collective reads), and `join()` makes the current stream wait for the side stream before
+    anyone reads the results.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._device = device
+        self._forked = False
+
+    @contextmanager
+    def launch(self) -> Iterator[None]:
+        if self._stream is None:
+            yield
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self._device))
+        self._forked = True
+        with torch.cuda.stream(self._stream):
+            yield
+
+    def join(self) -> None:
+        # Only after a launch: inside CUDA graph capture, waiting on a side stream that never joined the
+        # capture would be an illegal dependency on uncaptured work.
+        if self._stream is not None and self._forked:
+            torch.cuda.current_stream(self._device).wait_stream(self._stream)
+            self._forked = False

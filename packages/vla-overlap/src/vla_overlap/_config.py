@@ -1,0 +1,69 @@
+"""OverlapConfig: every knob of the data-parallel wrapper, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"OverlapConfig.{name} must be True or False, got {value!r}")
+
+
+@dataclass(kw_only=True)
+class OverlapConfig:
+    """How gradients and parameters travel between data-parallel ranks.
+
+    The defaults overlap everything: bucket reductions start during backward and, with
+    `DistributedAdamW`, parameter all-gathers are prefetched by forward pre-hooks.
+    """
+
+    bucket_size: int | None = 40_000_000
+    """Elements per bucket (a bucket closes once it holds at least this many); None = one bucket per
+    dtype buffer. Smaller buckets start communicating earlier in backward but launch more collectives."""
+
+    overlap_grad_reduce: bool = True
+    """Launch each bucket's reduction from the gradient hooks as soon as the bucket is complete (on the
+    last microbatch). False is the baseline: every bucket is reduced after backward."""
+
+    overlap_param_gather: bool = True
+    """With `DistributedAdamW` only: all-gather updated parameters lazily, each bucket waited for by the
+    forward pre-hook of the first module that uses it, which also starts the next bucket's gather.
+    False gathers all buckets at the end of `step()`."""
+
+    grad_reduce_dtype: torch.dtype | None = torch.float32
+    """dtype of the gradient buffers (accumulation and reduction). None = each parameter's own dtype."""
+
+    allow_unused_params: bool = False
+    """False: a trainable parameter that gets no gradient during a step (while others do) raises an
+    error naming it, because it usually means it should have been frozen. True: such parameters
+    simply contribute a zero gradient (safe: buckets are always reduced in the same order on every rank)."""
+
+    sync_module_states: bool = True
+    """Broadcast parameters and buffers from the group's first rank when the wrapper is built."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_size is not None and (
+            isinstance(self.bucket_size, bool)
+            or not isinstance(self.bucket_size, int)
+            or self.bucket_size < 1
+        ):
+            raise ValueError(
+                f"OverlapConfig.bucket_size must be a positive int (elements) or None, got {self.bucket_size!r}"
+            )
+        for name in (
+            "overlap_grad_reduce",
+            "overlap_param_gather",
+            "allow_unused_params",
+            "sync_module_states",
+        ):
+            _check_bool(name, getattr(self, name))
+        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in _FLOAT_DTYPES:
+            allowed = ", ".join(str(d) for d in _FLOAT_DTYPES)
+            raise ValueError(
+                f"OverlapConfig.grad_reduce_dtype must be None or one of {allowed}; got {self.grad_reduce_dtype!r}"
+            )

@@ -1,0 +1,103 @@
+"""Gradient buffers and their bucket collectives.
+
+Invariant that keeps every rank's collectives matched: buckets launch strictly in index order. A complete
+bucket waits for all lower-numbered buckets to launch first; `launch_all()` launches the rest, in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._comm import CommStream, Communicator
+from ._layout import Layout
+
+
+class GradBuckets:
+    """Contiguous gradient buffers (one per dtype pair), each parameter's `main_grad` view into them, and
+    the asynchronous all-reduce (or reduce-scatter, when sharded) of every bucket."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        shapes: list[torch.Size],
+        device: torch.device,
+        comm: Communicator,
+        stream: CommStream,
+    ) -> None:
+        self.layout = layout
+        self.comm = comm
+        self.stream = stream
+        self.sharded = False
+        self.data = [torch.zeros(b.numel, dtype=b.grad_dtype, device=device) for b in layout.buffers]
+        self.main_grads = [
+            self.data[s.buffer][s.start : s.start + s.numel].view(shape)
+            for s, shape in zip(layout.slots, shapes)
+        ]
+        self._handles: list[Any] = [None] * len(layout.buckets)
+        self._missing = [len(b.slots) for b in layout.buckets]
+        self._ready = [False] * len(layout.slots)
+        self._next = 0  # first bucket not launched yet
+
+    def bucket_view(self, bucket: int) -> torch.Tensor:
+        spec = self.layout.buckets[bucket]
+        return self.data[spec.buffer][spec.start : spec.end]
+
+    def shard_view(self, bucket: int) -> torch.Tensor:
+        """This rank's slice of a bucket: the reduced gradient it owns after a reduce-scatter."""
+        spec = self.layout.buckets[bucket]
+        lo, hi = spec.shard_range(self.comm.rank, self.comm.size)
+        return self.data[spec.buffer][lo:hi]
+
+    def is_launched(self, slot: int) -> bool:
+        return self.layout.slots[slot].bucket < self._next
+
+    @property
+    def all_launched(self) -> bool:
+        return self._next == len(self.layout.buckets)
+
+    def mark_ready(self, slot: int, launch: bool) -> None:
+        """The last microbatch's gradient of `slot` is in the buffer; launch what is complete, in order."""
+        if self._ready[slot]:
+            return
+        self._ready[slot] = True
+        self._missing[self.layout.slots[slot].bucket] -= 1
+        if launch:
+            while self._next < len(self._missing) and self._missing[self._next] == 0:
+                self._launch_next()
+
+    def launch_all(self) -> None:
+        while not self.all_launched:
+            self._launch_next()
+
+    def _launch_next(self) -> None:
+        bucket = self._next
+        view = self.bucket_view(bucket)
+        with self.stream.launch():
+            # Mean over ranks as a pre-scale + SUM: portable (gloo has no PREMUL_SUM) and the same
+            # arithmetic torch DDP uses.
+            if self.comm.size > 1:
+                view.mul_(1.0 / self.comm.size)
+            if self.sharded:
+                self._handles[bucket] = self.comm.reduce_scatter(self.shard_view(bucket), view)
+            else:
+                self._handles[bucket] = self.comm.all_reduce(view)
+        self._next += 1
+
+    def wait_all(self) -> None:
+        """Block (CPU) or make the current stream wait (CUDA) until every launched collective is done."""
+        for bucket, handle in enumerate(self._handles):
+            if handle is not None:
+                handle.wait()
+                self._handles[bucket] = None
+        self.stream.join()
+
+    def reset(self) -> None:
+        """Zero the buffers for a new step (after waiting for anything still in flight)."""
+        self.wait_all()
+        for data in self.data:
+            data.zero_()
+        self._missing = [len(b.slots) for b in self.layout.buckets]
+        self._ready = [False] * len(self.layout.slots)
+        self._next = 0

@@ -1,0 +1,224 @@
+"""DistributedAdamW: ZeRO-1 over an OverlapDataParallel's buffers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._state import gather_state_dict, scatter_state_dict
+from ._wrapper import OverlapDataParallel
+
+
+class DistributedAdamW(torch.optim.Optimizer):
+    """AdamW whose fp32 master weights and moments exist only for this rank's shard of every bucket.
+
+    Gradients are reduce-scattered (each rank receives the mean gradient of its shard), the shard is
+    stepped by a torch AdamW (fused on CUDA unless told otherwise), written back into the parameter
+    buffer (cast to bf16/fp16 where the parameters are), then all-gathered: lazily by forward pre-hooks
+    when ``OverlapConfig.overlap_param_gather`` is on, else at the end of ``step()``.
+
+    ``param_groups`` are the inner AdamW's groups (over shard pieces), so LR schedulers work as usual.
+    fp32 parameters are their own master copy (their shard of the parameter buffer is stepped in place).
+    """
+
+    def __init__(
+        self,
+        model: OverlapDataParallel,
+        params: Iterable[nn.Parameter] | Iterable[dict[str, Any]] | None = None,
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        amsgrad: bool = False,
+        fused: bool | None = None,
+        foreach: bool | None = None,
+    ) -> None:
+        if not isinstance(model, OverlapDataParallel):
+            raise TypeError(
+                f"DistributedAdamW needs an OverlapDataParallel model, got {type(model).__name__}"
+            )
+        user_groups = _user_groups(model, params)
+        gather = model._attach_sharded_optimizer(self)
+        self._model = model
+        self._comm = model._comm
+        self.group_slots = [[model._slot_of[id(p)] for p in g["params"]] for g in user_groups]
+        layout = model.layout
+        self.masters: list[torch.Tensor] = []
+        self._grad_shards: list[torch.Tensor] = []
+        for bucket in range(len(layout.buckets)):
+            shard = gather.shard_view(bucket)
+            self.masters.append(shard if shard.dtype == torch.float32 else shard.float())
+            grad = model._grads.shard_view(bucket)
+            self._grad_shards.append(
+                grad if grad.dtype == torch.float32 else torch.zeros_like(grad, dtype=torch.float32)
+            )
+        group_of = {slot: g for g, slots in enumerate(self.group_slots) for slot in slots}
+        piece_groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in user_groups]
+        self.pieces: list[tuple[int, Any, torch.Tensor]] = []  # (bucket, ShardPiece, master view)
+        for bucket in range(len(layout.buckets)):
+            for piece in layout.pieces(bucket, model.rank):
+                if piece.slot not in group_of:
+                    continue
+                window = slice(piece.shard_start, piece.shard_start + piece.numel)
+                master = self.masters[bucket][window]
+                master.grad = self._grad_shards[bucket][window]
+                piece_groups[group_of[piece.slot]]["params"].append(master)
+                self.pieces.append((bucket, piece, master))
+        if fused is None and foreach is None and model._device.type == "cuda":
+            fused = True
+        self.inner = torch.optim.AdamW(
+            piece_groups,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            fused=fused,
+            foreach=foreach,
+        )
+        self._groups_fixed = False
+        super().__init__([{"params": []}], dict(self.inner.defaults))
+        self._groups_fixed = True
+        self._share_inner_groups()
+        self._grads_ready = False
+        self._masters_stale = False
+
+    def _share_inner_groups(self) -> None:
+        # One set of groups and state, the inner AdamW's: schedulers and inspection see the real thing.
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+        self.defaults = self.inner.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_groups_fixed", False):
+            raise NotImplementedError("DistributedAdamW's parameter groups are fixed at construction")
+        super().add_param_group(param_group)
+
+    def mark_params_changed(self) -> None:
+        """The parameters were changed outside this optimizer (the module's `load_state_dict` calls this for
+        you): the fp32 master weights are re-read from them before they are next used."""
+        self._masters_stale = True
+
+    def _refresh_masters(self) -> None:
+        if self._masters_stale:
+            for bucket, master in enumerate(self.masters):
+                shard = self._model._gather.shard_view(bucket)
+                if master is not shard:
+                    master.copy_(shard)
+            self._masters_stale = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Start a new step: zeroes the model's gradient buffers."""
+        self._model.zero_grad_buffer()
+        self._grads_ready = False
+
+    def _prepare_grads(self) -> list[torch.Tensor]:
+        """Finish the reduce-scatter and expose this rank's mean gradient, in fp32, as the pieces' grads."""
+        if not self._grads_ready:
+            self._model.finish_grad_sync()
+            for bucket, target in enumerate(self._grad_shards):
+                source = self._model._grads.shard_view(bucket)
+                if target is not source:
+                    target.copy_(source)
+            self._grads_ready = True
+        return [master.grad for _, _, master in self.pieces]
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale this step's gradients so that their global norm (over every rank's shard) is at most
+        `max_norm`, like torch.nn.utils.clip_grad_norm_; returns the norm before clipping."""
+        grads = self._prepare_grads()
+        device = self._grad_shards[0].device
+        norm_type = float(norm_type)
+        if norm_type == math.inf:
+            local = (
+                torch.stack([g.abs().max() for g in grads]).max() if grads else torch.zeros((), device=device)
+            )
+            self._comm.all_reduce_now(local, dist.ReduceOp.MAX)
+            total = local
+        else:
+            local = torch.zeros((), dtype=torch.float32, device=device)
+            if grads:
+                local = torch.linalg.vector_norm(
+                    torch.stack(torch._foreach_norm(grads, norm_type)), norm_type
+                )
+            powered = local**norm_type
+            self._comm.all_reduce_now(powered)
+            total = powered ** (1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        if grads:
+            torch._foreach_mul_(grads, coef)
+        return total
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        """Finish the gradient reduce-scatter, step the local shard, write it back and gather parameters."""
+        if closure is not None:
+            raise ValueError("DistributedAdamW.step does not take a closure")
+        self._model.finish_param_sync()  # no gather may still be writing into the parameter buffer
+        self._refresh_masters()
+        self._prepare_grads()
+        self.inner.step()
+        self._write_back()
+        self._grads_ready = False
+        self._model._start_param_gather()
+
+    def _write_back(self) -> None:
+        gather = self._model._gather
+        for bucket, master in enumerate(self.masters):
+            shard = gather.shard_view(bucket)
+            if master is not shard:
+                shard.copy_(master)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full, unsharded state keyed by parameter name (a collective: every rank must call it; every rank
+        gets the same result, on CPU). Loadable at any world size and bucket size."""
+        self._model.finish_param_sync()
+        self._refresh_masters()
+        return gather_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a `state_dict()` saved at any world size; also sets the parameters to the saved fp32 master
+        weights (a collective: every rank must call it)."""
+        self._model.finish_param_sync()
+        scatter_state_dict(self, state_dict)
+        self._masters_stale = False  # the saved masters are exact; they win over bf16 parameters
+        self._share_inner_groups()  # the inner load_state_dict replaced its group list
+        self._write_back()
+        self._model._start_param_gather()
+        self._model.finish_param_sync()
+
+
+def _user_groups(model: OverlapDataParallel, params: Any) -> list[dict[str, Any]]:
+    """Normalize `params` (None = every trainable parameter) into groups of known, distinct parameters."""
+    if params is None:
+        params = model.trainable_parameters()
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params must be an iterable of parameters or of dicts, not a single tensor")
+    groups = list(params)
+    groups = [dict(g) for g in groups] if groups and isinstance(groups[0], dict) else [{"params": groups}]
+    seen: set[int] = set()
+    names = {id(p): n for n, p in model.module.named_parameters()}
+    for index, group in enumerate(groups):
+        group["params"] = (
+            list(group["params"]) if not isinstance(group["params"], torch.Tensor) else [group["params"]]
+        )
+        for param in group["params"]:
+            if id(param) not in model._slot_of:
+                where = names.get(id(param), f"a tensor of shape {tuple(param.shape)}")
+                raise ValueError(
+                    f"param_groups[{index}] holds {where!r}, which is not a trainable parameter of the wrapped "
+                    "module (frozen parameters are not bucketed)"
+                )
+            if id(param) in seen:
+                raise ValueError(f"parameter {names[id(param)]!r} appears in more than one parameter group")
+            seen.add(id(param))
+    if not seen:
+        raise ValueError("DistributedAdamW got an empty parameter list")
+    return groups

@@ -1,0 +1,315 @@
+"""OverlapDataParallel: the module wrapper that owns the buffers, the gradient hooks and the step's state."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._comm import CommStream, Communicator
+from ._config import OverlapConfig
+from ._grad_buckets import GradBuckets
+from ._layout import Layout, plan_layout
+from ._param_gather import ParamGather
+
+_BROADCAST_CHUNK_BYTES = 256 * 2**20
+
+
+def _current_autograd_node() -> Any:
+    """The autograd node being executed by this thread (None outside backward), where torch exposes it."""
+    current = getattr(torch._C, "_current_autograd_node", None)
+    return current() if current is not None else None
+
+
+class _Phase(enum.Enum):
+    ACCUMULATING = "accumulating"  # after zero_grad_buffer(): gradients may arrive
+    LAUNCHED = "launched"  # every bucket's collective has been launched
+    FINISHED = "finished"  # every collective was waited for; gradients are final for this step
+
+
+class OverlapDataParallel(nn.Module):
+    """Data-parallel wrapper that reduces gradients bucket by bucket while backward is still running.
+
+    Trainable parameters (``requires_grad``) are laid out, per dtype, in contiguous gradient buffers in
+    reverse registration order, cut into buckets. A post-accumulate hook adds each gradient into its
+    ``param.main_grad`` view (fp32 by default) and drops ``param.grad``; on the last microbatch (outside
+    ``no_sync()``) a bucket's reduction is launched as soon as its last gradient arrived, and the end of
+    that backward pass waits for all of them. Without a sharded optimizer the averaged gradients are
+    then exposed as ``param.grad``, so any torch optimizer works. Call ``zero_grad()`` (or
+    ``zero_grad_buffer()``) before each step's first backward.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        config: OverlapConfig | None = None,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.config = config if config is not None else OverlapConfig()
+        self._comm = Communicator(process_group)
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the module has no trainable parameters (requires_grad=True) to synchronize")
+        devices = {p.device for _, p in named}
+        if len(devices) > 1:
+            raise ValueError(
+                f"all trainable parameters must be on one device, found {sorted(map(str, devices))}"
+            )
+        self._device = devices.pop()
+        if self.config.sync_module_states and self._comm.size > 1:
+            self._broadcast_module_states()
+        self.layout: Layout = plan_layout(
+            [(name, p.dtype, p.numel()) for name, p in named],
+            world_size=self._comm.size,
+            bucket_size=self.config.bucket_size,
+            grad_dtype=self.config.grad_reduce_dtype,
+        )
+        by_name = dict(named)
+        self._params = [by_name[slot.name] for slot in self.layout.slots]  # slot order (backward order)
+        self._slot_of = {id(p): i for i, p in enumerate(self._params)}
+        self._stream = CommStream(self._device)
+        self._grads = GradBuckets(
+            self.layout, [p.shape for p in self._params], self._device, self._comm, self._stream
+        )
+        for param, main_grad in zip(self._params, self._grads.main_grads):
+            param.main_grad = main_grad  # the accumulation target, also for callers that bypass hooks
+        self._gather: ParamGather | None = None
+        self._sharded_optimizer: Any = None
+        self._last_microbatch = True
+        self._seen = [False] * len(self._params)
+        self._hooks_fired = False
+        self._callback_queued = False
+        self._phase = _Phase.ACCUMULATING
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._make_grad_hook(i)) for i, p in enumerate(self._params)
+        ]
+
+    # ----------------------------------------------------------------------------------------- public API
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        return self._comm.group
+
+    @property
+    def world_size(self) -> int:
+        return self._comm.size
+
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The bucketed parameters, in registration order."""
+        return self._params[::-1]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate (gradient accumulation); the next one outside reduces."""
+        previous, self._last_microbatch = self._last_microbatch, False
+        try:
+            yield
+        finally:
+            self._last_microbatch = previous
+
+    def zero_grad_buffer(self) -> None:
+        """Start a new step: zero the gradient buffers and forget which gradients arrived."""
+        self._grads.reset()
+        self._seen = [False] * len(self._params)
+        self._hooks_fired = False
+        self._callback_queued = False
+        self._phase = _Phase.ACCUMULATING
+        if self._sharded_optimizer is None:
+            for param in self._params:
+                param.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Same as `zero_grad_buffer()` (the buffers are the gradients; `set_to_none` is accepted for
+        compatibility with nn.Module.zero_grad)."""
+        self.zero_grad_buffer()
+
+    def start_grad_sync(self) -> None:
+        """Launch every bucket not launched yet, in order. Gradients may have reached the buffers through
+        the hooks, through ``param.main_grad`` directly (e.g. replayed CUDA graphs, where hooks do not fire)
+        or as ``param.grad`` (folded in here). Idempotent within a step."""
+        if self._phase is not _Phase.ACCUMULATING:
+            return
+        self._fold_param_grads()
+        self._grads.launch_all()
+        self._phase = _Phase.LAUNCHED
+        # Checked after launching, so that the other ranks' collectives still complete if this one raises.
+        if self._hooks_fired and not self.config.allow_unused_params:
+            self._check_every_param_got_a_gradient()
+
+    def finish_grad_sync(self) -> None:
+        """Wait for every bucket's collective (launching what is left first). Afterwards the buffers hold
+        the mean gradient over ranks (only this rank's shard is valid when a sharded optimizer is attached)
+        and, without one, ``param.grad`` is set. Idempotent within a step; called automatically at the end of
+        the last microbatch's backward."""
+        if self._phase is _Phase.FINISHED:
+            return
+        self.start_grad_sync()
+        self._grads.wait_all()
+        self._phase = _Phase.FINISHED
+        if self._sharded_optimizer is None:
+            for param, main_grad in zip(self._params, self._grads.main_grads):
+                param.grad = main_grad if main_grad.dtype == param.dtype else main_grad.to(param.dtype)
+
+    def finish_param_sync(self) -> None:
+        """With a sharded optimizer: make sure every parameter holds the gathered values of the last step
+        (needed before reading parameters outside a forward pass; `state_dict()` does it for you)."""
+        if self._gather is not None and self._gather.pending:
+            self._gather.finish()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the synchronized gradients to a global norm (over all ranks' shards when sharded)."""
+        if self._sharded_optimizer is not None:
+            return self._sharded_optimizer.clip_grad_norm_(max_norm, norm_type)
+        self.finish_grad_sync()
+        return torch.nn.utils.clip_grad_norm_(self._params, max_norm, norm_type)
+
+    # ------------------------------------------------------------------------------------ gradient hooks
+    def _make_grad_hook(self, slot: int) -> Any:
+        def hook(param: torch.Tensor) -> None:
+            self._on_grad(slot, param)
+
+        return hook
+
+    def _on_grad(self, slot: int, param: torch.Tensor) -> None:
+        name = self.layout.slots[slot].name
+        if self._phase is not _Phase.ACCUMULATING:
+            raise RuntimeError(
+                f"gradient for {name!r} arrived after this step's gradient sync started. Call "
+                "zero_grad() (or zero_grad_buffer()) before the first backward of each step, and run every "
+                "backward of a step but the last one inside no_sync()."
+            )
+        if self._grads.is_launched(slot):
+            raise RuntimeError(
+                f"a second gradient for {name!r} arrived after its bucket's reduction was launched "
+                "(several backward passes in the last microbatch?): run all but the last inside no_sync()."
+            )
+        self._grads.main_grads[slot].add_(param.grad)
+        param.grad = None
+        self._seen[slot] = True
+        self._hooks_fired = True
+        if self._last_microbatch:
+            if not self._callback_queued:
+                self._callback_queued = True
+                self._queue_backward_end()
+            self._grads.mark_ready(slot, launch=self.config.overlap_grad_reduce)
+
+    def _queue_backward_end(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_backward_end(self) -> None:
+        outer = _current_autograd_node()
+        if outer is not None:
+            # A nested backward (reentrant activation checkpointing) ended inside an outer one: the
+            # step's gradients are complete only when the outer backward ends, so hand over to it.
+            outer.register_hook(lambda *_: self._queue_backward_end())
+            return
+        self._callback_queued = False
+        self.finish_grad_sync()
+
+    def _fold_param_grads(self) -> None:
+        for slot, param in enumerate(self._params):
+            if param.grad is None:
+                continue
+            if self._grads.is_launched(slot):
+                raise RuntimeError(
+                    f"{self.layout.slots[slot].name!r} has a .grad but its bucket was already reduced"
+                )
+            self._grads.main_grads[slot].add_(param.grad)
+            param.grad = None
+            self._seen[slot] = True
+
+    def _check_every_param_got_a_gradient(self) -> None:
+        missing = [self.layout.slots[i].name for i, seen in enumerate(self._seen) if not seen]
+        if missing:
+            shown = ", ".join(repr(n) for n in missing[:10]) + (" ..." if len(missing) > 10 else "")
+            raise RuntimeError(
+                f"{len(missing)} trainable parameter(s) received no gradient this step: {shown}. Freeze them "
+                "(requires_grad=False) before wrapping, or pass OverlapConfig(allow_unused_params=True) if "
+                "they are legitimately unused in some steps."
+            )
+
+    # ------------------------------------------------------------------------------- sharded optimizer side
+    def _attach_sharded_optimizer(self, optimizer: Any) -> ParamGather:
+        """Switch to reduce-scatter and move parameters into gatherable buffers (called by DistributedAdamW)."""
+        if self._sharded_optimizer is not None:
+            raise RuntimeError("a sharded optimizer is already attached to this OverlapDataParallel")
+        if self._hooks_fired or self._phase is not _Phase.ACCUMULATING:
+            raise RuntimeError("create the sharded optimizer before the first backward pass")
+        self._sharded_optimizer = optimizer
+        self._grads.sharded = True
+        self._gather = ParamGather(self.layout, self._params, self._device, self._comm, self._stream)
+        if self.config.overlap_param_gather:
+            self._register_gather_pre_hooks()
+        # Reading or loading parameters through (sub)module state dicts must not race pending gathers, and
+        # parameters loaded in place make the optimizer's fp32 master weights stale.
+        for module in {self.module, *(m for m, _ in self._modules_with_params())}:
+            module.register_state_dict_pre_hook(lambda *_: self.finish_param_sync())
+            module.register_load_state_dict_pre_hook(lambda *_: self.finish_param_sync())
+            module.register_load_state_dict_post_hook(lambda *_: optimizer.mark_params_changed())
+        return self._gather
+
+    def _start_param_gather(self) -> None:
+        """Every shard was updated: gather now, or leave it to the forward pre-hooks."""
+        assert self._gather is not None
+        self._gather.start()
+        if not self.config.overlap_param_gather:
+            self._gather.finish()
+
+    def _modules_with_params(self) -> Iterator[tuple[nn.Module, list[int]]]:
+        """Every submodule that directly owns trainable parameters, with their buckets in forward order."""
+        for module in self.module.modules():
+            own = {self._slot_of[id(p)] for p in module.parameters(recurse=False) if id(p) in self._slot_of}
+            if own:
+                yield module, sorted({self.layout.slots[i].bucket for i in own}, reverse=True)
+
+    def _register_gather_pre_hooks(self) -> None:
+        for module, buckets in self._modules_with_params():
+            module.register_forward_pre_hook(self._make_gather_hook(buckets))
+
+    def _make_gather_hook(self, buckets: list[int]) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            gather = self._gather
+            if gather is not None and gather.pending:
+                for bucket in buckets:
+                    gather.ensure(bucket)
+
+        return hook
+
+    def _broadcast_module_states(self) -> None:
+        tensors = [p.data for p in self.module.parameters()] + list(self.module.buffers())
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for tensor in tensors:
+            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+        with torch.no_grad():
+            for group in groups.values():
+                chunk: list[torch.Tensor] = []
+                size = 0
+                for i, tensor in enumerate(group):
+                    chunk.append(tensor)
+                    size += tensor.numel() * tensor.element_size()
+                    if size >= _BROADCAST_CHUNK_BYTES or i == len(group) - 1:
+                        self._broadcast_chunk(chunk)
+                        chunk, size = [], 0
+
+    def _broadcast_chunk(self, chunk: list[torch.Tensor]) -> None:
+        """One collective for many tensors of a dtype: flatten, broadcast, copy back."""
+        flat = torch.cat([t.reshape(-1) for t in chunk])
+        self._comm.broadcast_now(flat)
+        offset = 0
+        for t in chunk:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()

@@ -1,0 +1,562 @@
+"""Scenarios run inside the pool's worker processes: tiny models, a global batch split over ranks, and the
+training loops of torch DDP + AdamW (the reference) and of every vla_overlap mode."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import vla_overlap
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+from vla_overlap import DistributedAdamW, OverlapConfig, OverlapDataParallel
+
+GLOBAL_BATCH = 12  # divisible by every world size we test
+D_IN, D_OUT = 8, 4
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class ToyNet(nn.Module):
+    """Blocks with a frozen projection in the middle; optional dead branch and out-of-order execution."""
+
+    def __init__(
+        self,
+        d: int = 16,
+        depth: int = 3,
+        unused: bool = False,
+        shuffled: bool = False,
+        checkpointed: bool = False,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Linear(D_IN, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(depth))
+        self.frozen = nn.Linear(d, d)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(d, D_OUT)
+        self.unused = nn.Linear(d, d) if unused else None
+        self.order = list(range(depth))[::-1] if shuffled else list(range(depth))
+        self.use_extra = unused  # the extra branch runs only while this is True
+        self.checkpointed = checkpointed  # blocks under reentrant activation checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for i in self.order:
+            h = checkpoint(self.blocks[i], h, use_reentrant=True) if self.checkpointed else self.blocks[i](h)
+        h = h + self.frozen(h)
+        if self.unused is not None and self.use_extra:
+            h = h + self.unused(h)
+        return self.head(h)
+
+
+def make_model(seed: int = 0, dtype: torch.dtype = torch.float32, **kwargs: Any) -> ToyNet:
+    torch.manual_seed(seed)
+    return ToyNet(**kwargs).to(dtype)
+
+
+def batch(step: int, micro: int, rank: int, world_size: int, dtype: torch.dtype = torch.float32):
+    """This rank's share of the global microbatch (step, micro): identical global data at any world size."""
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.randn(GLOBAL_BATCH, D_IN, generator=g)
+    y = torch.randn(GLOBAL_BATCH, D_OUT, generator=g)
+    per = GLOBAL_BATCH // world_size
+    window = slice(rank * per, (rank + 1) * per)
+    return x[window].to(dtype), y[window].to(dtype)
+
+
+def params_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.state_dict().items()}
+
+
+def make_scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + s))
+
+
+ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False)
+
+
+def run_steps(
+    ctx: Any,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    steps: range,
+    micro: int,
+    autocast: bool = False,
+    clip: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> list[float]:
+    """The training loop every mode shares (model.zero_grad, no_sync for all but the last microbatch)."""
+    norms = []
+    for step in steps:
+        model.zero_grad()
+        for m in range(micro):
+            x, y = batch(step, m, ctx.rank, ctx.world_size, dtype)
+            sync = contextlib.nullcontext() if m == micro - 1 else model.no_sync()
+            cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+            with sync:
+                with cast:
+                    out = model(x)
+                loss = F.mse_loss(out.float(), y.float()) / micro
+                loss.backward()
+        if clip is not None:
+            norms.append(float(vla_overlap.clip_grad_norm_(model, opt, clip)))
+        opt.step()
+        sched.step()
+    return norms
+
+
+def param_groups(module: nn.Module) -> list[dict[str, Any]]:
+    """Two groups, as fine-tuning recipes use: no weight decay (and a higher lr) for biases and norms."""
+    trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trainable if p.dim() >= 2]
+    rest = [p for n, p in trainable if p.dim() < 2]
+    return [{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": 2e-2}]
+
+
+def build(ctx: Any, mode: str, group: Any = None, bucket_size: int = 600, **model_kwargs: Any):
+    """(wrapped model, optimizer, scheduler, inner module) for one mode, from the same seeded model."""
+    group = group if group is not None else ctx.group
+    module = make_model(**model_kwargs)
+    if mode == "ddp":
+        model: nn.Module = DistributedDataParallel(module, process_group=group)
+        opt: torch.optim.Optimizer = torch.optim.AdamW(param_groups(module), **ADAMW)
+    else:
+        overlap = mode in ("overlap", "zero1", "zero1_sync_gather")
+        config = OverlapConfig(
+            bucket_size=bucket_size,
+            overlap_grad_reduce=overlap,
+            overlap_param_gather=mode == "zero1",
+        )
+        model = OverlapDataParallel(module, config, process_group=group)
+        if mode.startswith("zero1"):
+            opt = DistributedAdamW(model, param_groups(module), **ADAMW)
+        else:
+            opt = torch.optim.AdamW(param_groups(module), **ADAMW)
+    return model, opt, make_scheduler(opt), module
+
+
+MODES = ("ddp", "overlap", "allreduce_after_backward", "zero1", "zero1_sync_gather", "zero1_nooverlap")
+
+
+def compare_modes(
+    ctx: Any, steps: int = 3, micro: int = 2, autocast: bool = False, clip: float | None = None
+):
+    """Final parameters (and clip norms) of every mode after the same training."""
+    out = {}
+    for mode in MODES:
+        model, opt, sched, module = build(ctx, mode)
+        norms = run_steps(ctx, model, opt, sched, range(steps), micro, autocast=autocast, clip=clip)
+        out[mode] = {"params": params_of(module), "norms": norms}
+    return out
+
+
+# ------------------------------------------------------------------------------------------- bf16 parameters
+def _bf16_model(mixed: bool) -> ToyNet:
+    module = make_model(dtype=torch.bfloat16)
+    if mixed:  # an fp32 head on a bf16 body: two buffers, one per parameter dtype
+        module.head.float()
+    return module
+
+
+def bf16_master_weights(ctx: Any, steps: int = 3, micro: int = 2, mixed: bool = False) -> dict[str, Any]:
+    """bf16 parameters (or bf16 + fp32 with `mixed`, under bf16 autocast): DistributedAdamW vs a
+    hand-written fp32-master reference (fp32 gradient accumulation, mean over ranks, AdamW on fp32
+    masters, cast back to the parameter dtype)."""
+    out = {}
+    for gather_overlap in (True, False):
+        module = _bf16_model(mixed)
+        config = OverlapConfig(bucket_size=600, overlap_param_gather=gather_overlap)
+        model = OverlapDataParallel(module, config, process_group=ctx.group)
+        assert len(model.layout.buffers) == (2 if mixed else 1)
+        opt = DistributedAdamW(model, **ADAMW)
+        run_steps(
+            ctx, model, opt, make_scheduler(opt), range(steps), micro, autocast=mixed, dtype=torch.bfloat16
+        )
+        out[f"zero1_gather_overlap={gather_overlap}"] = params_of(module)
+
+    module = _bf16_model(mixed)
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    masters = [p.detach().float().clone() for p in trainable]
+    opt = torch.optim.AdamW(masters, **ADAMW)
+    sched = make_scheduler(opt)
+    for step in range(steps):
+        acc = [torch.zeros_like(m) for m in masters]
+        for m in range(micro):
+            x, y = batch(step, m, ctx.rank, ctx.world_size, torch.bfloat16)
+            with torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
+                out_ = module(x)
+            (F.mse_loss(out_.float(), y.float()) / micro).backward()
+            for a, p in zip(acc, trainable):
+                a.add_(p.grad)
+                p.grad = None
+        for a, master in zip(acc, masters):
+            a.mul_(1.0 / ctx.world_size)
+            torch.distributed.all_reduce(a, group=ctx.group)
+            master.grad = a
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            for p, master in zip(trainable, masters):
+                p.copy_(master)
+    out["reference"] = params_of(module)
+    return out
+
+
+# -------------------------------------------------------------------------------- deferred process group
+def deferred_vs_gloo(ctx: Any, break_what: str | None = None) -> dict[str, Any]:
+    """Every overlapped mode on the deferred group (results only on wait) and on plain gloo.
+    `break_what` sabotages one wait, to prove the deferred group catches it."""
+    from vla_overlap import _grad_buckets, _param_gather
+
+    out: dict[str, Any] = {}
+    patches = contextlib.ExitStack()
+    if break_what == "grad_wait":  # drop the waits of the gradient collectives
+        patches.enter_context(_patched(_grad_buckets.GradBuckets, "wait_all", lambda self: None))
+    if break_what == "gather_wait":  # pre-hooks dispatch but never wait
+
+        def ensure(self, bucket):  # noqa: ANN001, ANN202
+            while self._next <= self._position[bucket]:
+                self._dispatch_next()
+
+        patches.enter_context(_patched(_param_gather.ParamGather, "ensure", ensure))
+    with patches:
+        for mode in ("overlap", "zero1"):
+            for name, group in (("deferred", ctx.deferred), ("gloo", ctx.group)):
+                if break_what is not None and name == "gloo":
+                    continue
+                model, opt, sched, module = build(ctx, mode, group=group, shuffled=True)
+                try:
+                    run_steps(ctx, model, opt, sched, range(3), 2, autocast=True)
+                    out[f"{mode}/{name}"] = params_of(module)
+                except RuntimeError as error:
+                    out[f"{mode}/{name}"] = f"error: {error}"
+    return out
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any):
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def dispatch_log(ctx: Any, overlap: bool, micro: int = 3) -> dict[str, Any]:
+    """Interleaving of gradient arrivals and collective launches over two steps, from the deferred
+    group's log and a second post-accumulate hook registered after the wrapper's."""
+    module = make_model()
+    model = OverlapDataParallel(
+        module, OverlapConfig(bucket_size=600, overlap_grad_reduce=overlap), process_group=ctx.deferred
+    )
+    events: list[tuple] = []
+    log = ctx.deferred.log
+    bucket_ptr = {model._grads.bucket_view(b).data_ptr(): b for b in range(len(model.layout.buckets))}
+    slot_of = {id(p): i for i, p in enumerate(model._params)}
+
+    def flush() -> None:
+        while log:
+            op, ptr, _ = log.pop(0)
+            events.append((op, bucket_ptr.get(ptr, -1)))
+
+    def record(param: torch.Tensor) -> None:
+        flush()
+        events.append(("grad", slot_of[id(param)]))
+
+    for p in model._params:
+        p.register_post_accumulate_grad_hook(record)
+    log.clear()
+    for step in range(2):
+        model.zero_grad()
+        events.append(("step", step))
+        for m in range(micro):
+            events.append(("micro", m))
+            x, y = batch(step, m, ctx.rank, ctx.world_size)
+            with contextlib.nullcontext() if m == micro - 1 else model.no_sync():
+                F.mse_loss(model(x), y).backward()
+            flush()
+            events.append(("backward_done", m))
+    bucket_slots = [list(b.slots) for b in model.layout.buckets]
+    return {"events": events, "bucket_slots": bucket_slots}
+
+
+# ------------------------------------------------------------------------------------------- explicit path
+def explicit_path(ctx: Any, sharded: bool) -> dict[str, Any]:
+    """Gradients that reach the buffers without hooks (written into main_grad, or set as .grad) and are
+    reduced by start/finish_grad_sync, vs the hook path."""
+    out = {}
+    for how in ("hooks", "main_grad", "dot_grad"):
+        mode = "zero1" if sharded else "overlap"
+        model, opt, sched, module = build(ctx, mode)
+        params = model.trainable_parameters()
+        for step in range(3):
+            model.zero_grad()
+            total = None
+            for m in range(2):
+                x, y = batch(step, m, ctx.rank, ctx.world_size)
+                loss = F.mse_loss(model(x), y) / 2
+                if how == "hooks":
+                    with contextlib.nullcontext() if m == 1 else model.no_sync():
+                        loss.backward()
+                    continue
+                grads = torch.autograd.grad(loss, params)  # no AccumulateGrad: hooks do not fire
+                if how == "main_grad":
+                    for p, g in zip(params, grads):
+                        p.main_grad.add_(g)
+                else:
+                    total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+            if how == "dot_grad":
+                for p, g in zip(params, total):
+                    p.grad = g
+            if how != "hooks":
+                model.start_grad_sync()
+                model.finish_grad_sync()
+            opt.step()
+            sched.step()
+        out[how] = params_of(module)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ unused params
+def unused_params(ctx: Any, allow: bool, skip_rank: int) -> dict[str, Any]:
+    """A parameter unused on rank `skip_rank` (-1: used everywhere; 99: unused everywhere)."""
+    use_extra = skip_rank not in (ctx.rank, 99)
+    module = make_model(unused=True)
+    module.use_extra = use_extra
+    config = OverlapConfig(bucket_size=600, allow_unused_params=allow)
+    model = OverlapDataParallel(module, config, process_group=ctx.group)
+    opt = torch.optim.AdamW(model.trainable_parameters(), **ADAMW)
+    try:
+        run_steps(ctx, model, opt, make_scheduler(opt), range(2), 2)
+    except RuntimeError as error:
+        return {"error": str(error)}
+    ref_module = make_model(unused=True)
+    ref_module.use_extra = use_extra
+    ref = DistributedDataParallel(ref_module, process_group=ctx.group, find_unused_parameters=True)
+    ref_opt = torch.optim.AdamW([p for p in ref_module.parameters() if p.requires_grad], **ADAMW)
+    run_steps(ctx, ref, ref_opt, make_scheduler(ref_opt), range(2), 2)
+    return {"ours": params_of(module), "ddp": params_of(ref_module)}
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def checkpoint_save(ctx: Any, save_at: int, steps: int, micro: int = 2) -> dict[str, Any]:
+    """Train zero1 for `steps` steps, taking model + optimizer + scheduler state after `save_at`."""
+    model, opt, sched, module = build(ctx, "zero1")
+    run_steps(ctx, model, opt, sched, range(save_at), micro)
+    saved = {"model": params_of(module), "optim": opt.state_dict(), "sched": sched.state_dict()}
+    run_steps(ctx, model, opt, sched, range(save_at, steps), micro)
+    return {"saved": saved, "final": params_of(module)}
+
+
+def checkpoint_resume(
+    ctx: Any, saved: dict[str, Any], start: int, steps: int, micro: int = 2
+) -> dict[str, Any]:
+    """Fresh (differently seeded) zero1 run that loads `saved` and continues; also re-saves right after
+    loading to prove the round trip is lossless."""
+    module = make_model(seed=123)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    opt = DistributedAdamW(model, param_groups(module), **ADAMW)
+    sched = make_scheduler(opt)
+    module.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optim"])
+    sched.load_state_dict(saved["sched"])
+    resaved = opt.state_dict()
+    run_steps(ctx, model, opt, sched, range(start, steps), micro)
+    return {"resaved": resaved, "final": params_of(module), "lr": opt.param_groups[0]["lr"]}
+
+
+# ---------------------------------------------------------------------------------------- misuse errors
+def misuse_errors(ctx: Any) -> dict[str, str]:
+    """Each misuse, run on a fresh wrapper, and the message it raised (or 'no error')."""
+
+    def attempt(fn: Any) -> str:
+        try:
+            fn()
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as error:
+            return f"{type(error).__name__}: {error}"
+        return "no error"
+
+    def fresh(**config: Any) -> tuple[OverlapDataParallel, nn.Module]:
+        module = make_model()
+        return OverlapDataParallel(
+            module, OverlapConfig(bucket_size=600, **config), process_group=ctx.group
+        ), module
+
+    x, y = batch(0, 0, ctx.rank, ctx.world_size)
+    out = {}
+
+    def backward_twice_without_zero() -> None:
+        model, _ = fresh()
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        F.mse_loss(model(x), y).backward()
+
+    out["backward_after_sync"] = attempt(backward_twice_without_zero)
+
+    def second_gradient_after_launch() -> None:
+        # embed runs once plainly and once inside a reentrant checkpoint: its gradient arrives twice in one
+        # backward, the second time after its bucket (complete after the first) was launched.
+        module = make_model()
+        module.requires_grad_(False)
+        module.embed.requires_grad_(True)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_size=1), process_group=ctx.group)
+        model.zero_grad()
+        h = module.embed(x)
+        h = checkpoint(module.embed, h[:, :D_IN], use_reentrant=True)
+        h.sum().backward()
+
+    out["second_gradient"] = attempt(second_gradient_after_launch)
+
+    def frozen_param_in_optimizer() -> None:
+        model, module = fresh()
+        DistributedAdamW(model, [module.frozen.weight])
+
+    out["frozen_in_optimizer"] = attempt(frozen_param_in_optimizer)
+
+    def two_sharded_optimizers() -> None:
+        model, _ = fresh()
+        DistributedAdamW(model)
+        DistributedAdamW(model)
+
+    out["two_optimizers"] = attempt(two_sharded_optimizers)
+
+    def add_group() -> None:
+        model, module = fresh()
+        DistributedAdamW(model, [module.head.weight]).add_param_group({"params": [module.head.bias]})
+
+    out["add_param_group"] = attempt(add_group)
+
+    def optimizer_on_plain_module() -> None:
+        DistributedAdamW(make_model())  # type: ignore[arg-type]
+
+    out["not_wrapped"] = attempt(optimizer_on_plain_module)
+
+    def load_foreign_state() -> None:
+        model, module = fresh()
+        opt = DistributedAdamW(model, [module.head.weight])
+        opt.load_state_dict(torch.optim.AdamW([module.head.weight]).state_dict())
+
+    out["foreign_state"] = attempt(load_foreign_state)
+
+    def load_other_params() -> None:
+        model, module = fresh()
+        saved = DistributedAdamW(model, [module.head.weight]).state_dict()
+        other, other_module = fresh()
+        DistributedAdamW(other, [other_module.head.bias]).load_state_dict(saved)
+
+    out["other_params"] = attempt(load_other_params)
+
+    def everything_frozen() -> None:
+        module = make_model()
+        module.requires_grad_(False)
+        OverlapDataParallel(module, process_group=ctx.group)
+
+    out["nothing_trainable"] = attempt(everything_frozen)
+    return out
+
+
+def gather_and_clip_agree(ctx: Any) -> dict[str, Any]:
+    """Global grad norm: DistributedAdamW's sharded computation vs torch's on the full DDP gradients."""
+    ours, opt, _, _ = build(ctx, "zero1")
+    ref, ref_opt, _, ref_module = build(ctx, "ddp")
+    for model in (ours, ref):
+        model.zero_grad()
+        x, y = batch(0, 0, ctx.rank, ctx.world_size)
+        F.mse_loss(model(x), y).backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_([p for p in ref_module.parameters() if p.requires_grad], 1e9)
+    inf_norm = opt.clip_grad_norm_(1e9, float("inf"))
+    ref_inf = max(p.grad.abs().max() for p in ref_module.parameters() if p.requires_grad)
+    two_norm = opt.clip_grad_norm_(1e9)  # idempotent grads: a second clip sees the same gradients
+    return {
+        "ours": float(two_norm),
+        "ref": float(ref_norm),
+        "ours_inf": float(inf_norm),
+        "ref_inf": float(ref_inf),
+    }
+
+
+def reentrant_checkpoint(ctx: Any) -> dict[str, Any]:
+    """Blocks under reentrant activation checkpointing (nested backward passes) vs DDP without it."""
+    out = {}
+    for mode in ("ddp", "overlap", "zero1"):
+        model, opt, sched, module = build(ctx, mode, checkpointed=mode != "ddp")
+        run_steps(ctx, model, opt, sched, range(2), 2)
+        out[mode] = params_of(module)
+    return out
+
+
+def compare_build_modes(ctx: Any) -> dict[str, Any]:
+    """build_data_parallel in every COMM_MODES entry, with clipping through the uniform helper."""
+    out = {}
+    for mode in vla_overlap.COMM_MODES:
+        module = make_model()
+        config = OverlapConfig(bucket_size=600)
+        adamw = {k: v for k, v in ADAMW.items()}
+        model, opt = vla_overlap.build_data_parallel(
+            module, mode, config=config, process_group=ctx.group, **adamw
+        )
+        norms = run_steps(ctx, model, opt, make_scheduler(opt), range(3), 2, clip=0.05)
+        out[mode] = {"params": params_of(module), "norms": norms}
+    return out
+
+
+def warnings_during_training(ctx: Any) -> list[str]:
+    """Every warning raised while training zero1 with an LR scheduler (deprecated collective names, a
+    scheduler that believes optimizer.step() was skipped, ...)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for mode in ("overlap", "zero1"):
+            model, opt, sched, module = build(ctx, mode)
+            run_steps(ctx, model, opt, sched, range(2), 2, clip=1.0)
+            if mode == "zero1":
+                opt.state_dict()
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def load_weights_into_running_zero1(ctx: Any) -> dict[str, bool]:
+    """bf16 parameters, lazy gathers pending after a step, then module.load_state_dict(new weights): the
+    loaded values must survive state_dict reads, a forward pass and an lr=0 step (stale fp32 masters or
+    late gathers would bring the old weights back)."""
+    module = make_model(dtype=torch.bfloat16)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    opt = DistributedAdamW(model, **ADAMW)
+    run_steps(ctx, model, opt, make_scheduler(opt), range(1), 2, dtype=torch.bfloat16)
+    assert model._gather.pending, "the scenario needs gathers still pending"
+    weights = params_of(make_model(seed=7, dtype=torch.bfloat16))
+    module.load_state_dict(weights)
+    checks = {"after_load": all(torch.equal(v, weights[k]) for k, v in params_of(module).items())}
+    x, y = batch(5, 0, ctx.rank, ctx.world_size, torch.bfloat16)
+    model(x)
+    checks["after_forward"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
+    for group in opt.param_groups:
+        group["lr"], group["weight_decay"] = 0.0, 0.0
+    model.zero_grad()
+    F.mse_loss(model(x).float(), y.float()).backward()
+    opt.step()
+    checks["after_step"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
+    return checks
+
+
+def broadcast_on_wrap(ctx: Any) -> dict[str, Any]:
+    """Ranks start from different weights (and a module buffer); wrapping makes them rank 0's."""
+    module = make_model(seed=ctx.rank)
+    module.register_buffer("running", torch.full((3,), float(ctx.rank)))
+    before = params_of(module)
+    OverlapDataParallel(module, OverlapConfig(), process_group=ctx.group)
+    return {"before": before, "after": params_of(module)}
