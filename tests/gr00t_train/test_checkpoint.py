@@ -27,7 +27,6 @@ def _save(ck: Checkpointer, step: int, value: float = 1.0) -> Path:
         step,
         write_model=write_model,
         optimizer_state={"state": {}, "param_groups": []},
-        optimizer_sharded=False,
         rank_state={"rng": {"x": torch.arange(3)}, "data": {"position": step}},
         trainer_state={"step": step, "world_size": 1},
         config={"steps": 10},

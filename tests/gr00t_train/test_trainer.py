@@ -115,12 +115,14 @@ def test_grad_accumulation_equals_one_large_batch(tmp_path, env, standins) -> No
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_resume_is_bit_exact(tmp_path, env, standins) -> None:
-    full = standins.small_config(tmp_path / "a", steps=12)
+@pytest.mark.parametrize(("comm", "graph"), [("ddp", "eager"), ("zero1_overlap", "per_microbatch")])
+def test_resume_is_bit_exact(tmp_path, env, standins, comm: str, graph: str) -> None:
+    modes = {"optimizations__comm": comm, "optimizations__graph": graph}
+    full = standins.small_config(tmp_path / "a", steps=12, **modes)
     Trainer(full, standins.make_parts(), env).fit()
     reference = _losses(tmp_path / "a" / "run")
 
-    first = standins.small_config(tmp_path / "b", steps=12, checkpoint__every=5)
+    first = standins.small_config(tmp_path / "b", steps=12, checkpoint__every=5, **modes)
     trainer = Trainer(first, standins.make_parts(), env)
     original = trainer._save_due
 
@@ -206,3 +208,43 @@ def test_out_of_memory_names_the_batch_size(tmp_path, env, standins) -> None:
     message = str(info.value)
     assert "at step 3 with data.batch_size=4 per device" in message
     assert "Tried to allocate 20.00 GiB" in message and "raise optim.grad_accum" in message
+
+
+def _run_modes(tmp_path, env, standins, comm: str, graph: str):
+    cfg = standins.small_config(
+        tmp_path / f"{comm}-{graph}",
+        steps=6,
+        optim__grad_accum=2,
+        optimizations__comm=comm,
+        optimizations__graph=graph,
+        optimizations__graph_warmup=2,
+        checkpoint__save_final="false",
+    )
+    parts = standins.make_parts()
+    trainer = Trainer(cfg, parts, env)
+    trainer.fit()
+    losses = _losses(tmp_path / f"{comm}-{graph}" / "run")
+    return losses, [p.detach().clone() for p in parts.model.parameters()], trainer
+
+
+@pytest.mark.parametrize(
+    ("comm", "graph"),
+    [
+        ("allreduce_after_backward", "eager"),
+        ("overlap", "eager"),
+        ("zero1_overlap", "eager"),
+        ("overlap", "per_microbatch"),
+        ("zero1_overlap", "full_iteration"),
+        ("allreduce_after_backward", "per_microbatch"),
+    ],
+)
+def test_every_switch_follows_the_same_trajectory(tmp_path, env, standins, comm: str, graph: str) -> None:
+    # On CPU graphs run emulated (same buffers, warmup and callbacks, eager kernels): everything the
+    # trainer wires (no_sync, explicit sync, draws, zeroing) must leave the numbers unchanged.
+    ref_losses, ref_params, _ = _run_modes(tmp_path, env, standins, "ddp", "eager")
+    losses, params, trainer = _run_modes(tmp_path, env, standins, comm, graph)
+    assert losses == ref_losses
+    for a, b in zip(params, ref_params):
+        assert torch.equal(a, b)
+    report = trainer.graphed_step.report
+    assert report.mode == graph and report.backend == ("eager" if graph == "eager" else "emulated")

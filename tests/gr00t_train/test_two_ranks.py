@@ -25,7 +25,7 @@ standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = stand
 import gr00t_train
 torch.set_num_threads(1)
 env = gr00t_train.init_distributed("cpu")
-overrides = dict(steps=6, checkpoint__every=3, logging__every=2)
+overrides = dict(steps=6, checkpoint__every=3, logging__every=2, optimizations__comm="zero1_overlap")
 if len(sys.argv) > 1:
     overrides["checkpoint__resume"] = sys.argv[1]
 cfg = standins.small_config(Path({tmp!r}), **overrides)

@@ -5,7 +5,7 @@ Layout of `<dir>/step_000100/`:
     model files          written by the model's own saver (gr00t_model: config.json + model.safetensors)
     train_config.json    the resolved training config
     trainer_state.json   step, samples seen, world size, lr schedule, metrics
-    optimizer.pt         optimizer state (rank 0), or optimizer-rank00000.pt per rank when it is sharded
+    optimizer.pt         optimizer state (rank 0; vla_overlap's ZeRO-1 state_dict is gathered, full size)
     rank00000.pt         per-rank random state (python, numpy, torch CPU/CUDA) and data-pipeline state
 """
 
@@ -68,7 +68,6 @@ class Checkpointer:
         *,
         write_model: Callable[[Path], None],
         optimizer_state: dict[str, Any],
-        optimizer_sharded: bool,
         rank_state: dict[str, Any],
         trainer_state: dict[str, Any],
         config: dict[str, Any],
@@ -83,14 +82,11 @@ class Checkpointer:
         self.barrier()
         rank_file = f"rank{self.rank:05d}.pt"
         _torch_save(rank_state, tmp / rank_file)
-        if optimizer_sharded:
-            _torch_save(optimizer_state, tmp / f"optimizer-rank{self.rank:05d}.pt")
-        elif self.rank == 0:
-            _torch_save(optimizer_state, tmp / "optimizer.pt")
         if self.rank == 0:
+            _torch_save(optimizer_state, tmp / "optimizer.pt")
             write_model(tmp)
             _write_json(tmp / TRAIN_CONFIG, config)
-            _write_json(tmp / TRAINER_STATE, {**trainer_state, "optimizer_sharded": optimizer_sharded})
+            _write_json(tmp / TRAINER_STATE, trainer_state)
         self.barrier()
         if self.rank == 0:
             _fsync_tree(tmp)
@@ -157,10 +153,7 @@ class Checkpointer:
                 f"{rank_file} is missing: the checkpoint was written by {saved_world} processes, "
                 f"this is rank {self.rank}"
             )
-        if trainer_state.get("optimizer_sharded"):
-            optim_file = path / f"optimizer-rank{self.rank:05d}.pt"
-        else:
-            optim_file = path / "optimizer.pt"
+        optim_file = path / "optimizer.pt"
         optimizer_state = _torch_load(optim_file) if optim_file.is_file() else None
         return LoadedCheckpoint(path, trainer_state, optimizer_state, _torch_load(rank_file))
 

@@ -1,19 +1,22 @@
-"""Gradient communication, one mode per `optimizations.comm` value, behind one small interface."""
+"""Gradient communication, one mode per `optimizations.comm` value, from vla_overlap, behind one small
+interface the step runner and the loop use."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import vla_graph
+import vla_overlap
 from torch import nn
 
 from ._config import TrainConfig
 from ._distributed import DistEnv
-from ._optim import build_adamw
+from ._optim import param_groups
 
 
 @dataclass
@@ -21,49 +24,62 @@ class CommSetup:
     """The model as the loop calls it, its optimizer, and the gradient-sync hooks of the chosen mode."""
 
     module: nn.Module
-    """What forward is called on (the wrapper, if any)."""
+    """What forward is called on (the wrapper)."""
     optimizer: Any
-    """Has param_groups, step(), zero_grad(), state_dict(), load_state_dict()."""
+    """Has param_groups, step(), state_dict(), load_state_dict()."""
     no_sync: Callable[[], AbstractContextManager]
-    """Context for microbatches whose gradients must not be communicated yet."""
-    finish: Callable[[], None]
-    """Called after the last backward: gradients are reduced when it returns."""
+    """Context for backward passes that must only accumulate."""
     clip_grad_norm: Callable[[float], torch.Tensor]
-    """Global gradient norm before clipping; clips to the given value (inf = no clipping)."""
-    zero_grad: Callable[[], None] | None = None
-    """Reset the wrapper's own gradient buffers (needed with external_grads)."""
-    optimizer_sharded: bool = False
-    """Each rank holds a different part of the optimizer state (saved per rank)."""
+    """Global gradient norm before clipping; clips to the given value (0 = no clipping)."""
+    sync_in_backward: bool
+    """The last microbatch's backward launches the collectives from its hooks (overlap with backward)."""
     start_sync: Callable[[], None] | None = None
-    """Explicit launch of the gradient collectives, for callers where hooks do not fire (graph replay)."""
-    external_grads: bool = False
-    """The wrapper moves gradients into its own buffers and leaves `.grad` None."""
-
-
-def _clip(params: list[nn.Parameter]) -> Callable[[float], torch.Tensor]:
-    def clip(max_norm: float) -> torch.Tensor:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-
-    return clip
-
-
-def build_torch_ddp(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
-    """torch's DistributedDataParallel: bucketed all-reduce overlapped inside backward."""
-    ddp = nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=[env.device.index] if env.device.type == "cuda" else None,
-        bucket_cap_mb=cfg.optimizations.bucket_mb,
-        # False: .grad stays the tensor vla_graph attached (bucket views would replace it).
-        gradient_as_bucket_view=False,
-    )
-    optimizer = build_adamw(model, cfg.optim, cfg.optimizations.fused_optimizer)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return CommSetup(ddp, optimizer, ddp.no_sync, lambda: None, _clip(trainable))
+    """Explicit launch of every bucket's collective (the path for graphs and the all-reduce baseline)."""
+    finish_sync: Callable[[], None] | None = None
+    """Wait for the collectives; gradients are reduced when it returns."""
+    zero_grad: Callable[[], None] | None = None
+    """Reset the wrapper's own gradient buffers; None: vla_graph owns plain `.grad` buffers."""
 
 
 def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
-    """The CommSetup for `cfg.optimizations.comm`."""
-    mode = cfg.optimizations.comm
-    if mode == "ddp":
-        return build_torch_ddp(model, cfg, env)
-    raise NotImplementedError(f"optimizations.comm={mode} is wired when vla_overlap lands")
+    """Wrap `model` and build its AdamW for `cfg.optimizations.comm`."""
+    opts, optim = cfg.optimizations, cfg.optim
+    mode = opts.comm
+    graphs = opts.graph != "eager"
+    overlap = vla_overlap.OverlapConfig(
+        bucket_size=max(1, int(opts.bucket_mb * 2**20 / 4)),  # MiB of fp32 gradients -> elements
+        # Forward pre-hooks (Python) do not fire during graph replay: gather parameters in step() instead.
+        overlap_param_gather=not graphs,
+    )
+    # Autograd nodes the wrapper keeps must live on the capture stream, or capture fails (vla_graph README).
+    where = vla_graph.capture_stream() if graphs and env.device.type == "cuda" else nullcontext()
+    with where:
+        wrapped, optimizer = vla_overlap.build_data_parallel(
+            model,
+            mode,
+            params=param_groups(model.named_parameters(), optim.weight_decay),
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+            fused=opts.fused_optimizer,
+            config=overlap,
+        )
+
+    def clip(max_norm: float) -> torch.Tensor:
+        return vla_overlap.clip_grad_norm_(wrapped, optimizer, max_norm if max_norm > 0 else math.inf)
+
+    if mode == "ddp":  # torch DDP: all-reduce from its own hooks during backward; eager only (config check)
+        return CommSetup(wrapped, optimizer, wrapped.no_sync, clip, sync_in_backward=True)
+    return CommSetup(
+        wrapped,
+        optimizer,
+        wrapped.no_sync,
+        clip,
+        # Hooks never fire during graph replay, and the baseline reduces after backward by definition: both
+        # accumulate only and sync explicitly, which also times the exposed communication on its own.
+        sync_in_backward=mode != "allreduce_after_backward" and not graphs,
+        start_sync=wrapped.start_grad_sync,
+        finish_sync=wrapped.finish_grad_sync,
+        zero_grad=wrapped.zero_grad_buffer,
+    )

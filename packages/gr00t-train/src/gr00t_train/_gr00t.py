@@ -101,26 +101,18 @@ def save_model(module: torch.nn.Module, folder: Path) -> None:
 
 
 def load_model_in_place(module: torch.nn.Module, folder: Path) -> None:
-    """Copy a save_pretrained checkpoint's tensors into an existing model without replacing parameters
-    (captured graphs and communication buffers keep pointing at them)."""
-    from safetensors import safe_open
+    """Load a save_pretrained checkpoint into an existing model through `load_state_dict`, which copies
+    in place (captured graphs and communication buffers keep pointing at the same parameters, and
+    vla_overlap refreshes its master weights)."""
+    from safetensors.torch import load_file
 
-    target = module.state_dict(keep_vars=True)
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder}: no model safetensors to resume from")
-    seen = set()
-    with torch.no_grad():
-        for file in files:
-            with safe_open(str(file), framework="pt") as reader:
-                for key in reader.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if key not in target:
-                        raise KeyError(f"{file}: tensor {key} does not belong to this model")
-                    target[key].copy_(reader.get_tensor(key))
-                    seen.add(key)
-    missing = sorted(set(target) - seen)
-    if missing:
-        raise KeyError(f"{folder}: checkpoint lacks {len(missing)} tensors of this model, e.g. {missing[:3]}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    module.load_state_dict(state, strict=True)
 
 
 def flops_and_tokens(config: GR00TConfig, num_images: int, vlm_tokens: int | None) -> tuple[float, float]:

@@ -61,9 +61,7 @@ class Trainer:
         seed_everything(cfg.seed + env.rank)
         self.comm = build_comm(parts.model, cfg, env)
         self.timer = StepTimer(env.device, nested={"comm": "compute"})
-        self.run_step, self.graphed_step = graphed_runner(
-            cfg, parts, self.comm, timed_finish=self._timed_finish
-        )
+        self.run_step, self.graphed_step = graphed_runner(cfg, parts, self.comm, self._timed)
         self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
         self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
@@ -111,9 +109,9 @@ class Trainer:
             self._write_report(summary)
         return summary
 
-    def _timed_finish(self) -> None:
+    def _timed(self, sync) -> None:
         with self.timer.phase("comm"):
-            self.comm.finish()
+            sync()
 
     def _loop(self, metrics: MetricsLogger) -> None:
         cfg = self.cfg
@@ -191,7 +189,6 @@ class Trainer:
             self.step,
             write_model=lambda folder: self.parts.save_model(self.parts.model, folder),
             optimizer_state=self.comm.optimizer.state_dict(),
-            optimizer_sharded=self.comm.optimizer_sharded,
             rank_state=rank_state,
             trainer_state=trainer_state,
             config=config_to_dict(self.cfg),
