@@ -49,6 +49,9 @@ def test_gradients_are_owned_buffers_and_graphs_share_one_pool(toy) -> None:
     run = toy.train("per_microbatch", iterations=3, count=2, dropout=0.0, device="cuda")
     step, model = run["step"], run["model"]
     owned = step._params.owned
+    # The loop ended with zero_grad(set_to_none=True); the next call re-attaches the owned buffers.
+    assert all(p.grad is None for p in model.parameters())
+    step._params.prepare()
     assert all(p.grad is g for p, g in zip(model.parameters(), owned))
     (captured,) = step._captured.values()
     assert len({graph.pool() for graph in captured.graphs}) == 1

@@ -62,10 +62,13 @@ def train(
         model.zero_grad()
         for m in range(micro):
             x, y = data(step, m)
-            sync = model.no_sync() if no_sync and m < micro - 1 else contextlib.nullcontext()
-            with sync, torch.autocast("cuda", dtype=torch.bfloat16):
+            # A fresh context manager for each `with`: generator-based ones cannot be entered twice.
+            def sync(m: int = m) -> contextlib.AbstractContextManager:
+                return model.no_sync() if no_sync and m < micro - 1 else contextlib.nullcontext()
+
+            with sync(), torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = F.mse_loss(model(x.to(next(model.parameters()).dtype)).float(), y) / micro
-            with sync:
+            with sync():
                 loss.backward()
         opt.step()
     torch.cuda.synchronize()
