@@ -1,16 +1,93 @@
-"""The `vla-io` command line."""
+"""The `vla-io` command line: `synth` writes a synthetic dataset, `info` summarizes one, `cache` builds a
+decoded-frame cache."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
 from .__about__ import __version__
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `vla-io`; returns the process exit code."""
+def _synth(args: argparse.Namespace) -> int:
+    from ._synth import PRESETS, write_synthetic_dataset
+
+    changes = {
+        name: value
+        for name, value in {
+            "version": args.version, "codec": args.codec, "episodes": args.episodes,
+            "episode_length": args.length, "image_size": args.image_size, "fps": args.fps, "seed": args.seed,
+        }.items()
+        if value is not None
+    }  # fmt: skip
+    config = PRESETS[args.preset].with_(**changes)
+    root = write_synthetic_dataset(args.path, config, overwrite=args.overwrite)
+    print(
+        f"wrote {config.episodes} episodes ({sum(config.lengths())} frames, {config.version}, {config.codec}) to {root}"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from ._info import describe
+
+    print(describe(args.path))
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from ._cache import FrameCache
+    from ._dataset import LeRobotDataset
+
+    dataset = LeRobotDataset(args.path, image_dtype="uint8")
+    cache = FrameCache.build(dataset, size=tuple(args.size) if args.size else None, directory=args.dir)
+    print(f"cached {len(dataset)} frames of {cache.keys} at {cache.size} in {cache.directory}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (separate for tests and docs)."""
+    from ._synth import CODECS, PRESETS, VERSIONS
+
     parser = argparse.ArgumentParser(prog="vla-io", description="LeRobot dataset tools")
     parser.add_argument("--version", action="version", version=f"vla-io {__version__}")
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    sub = parser.add_subparsers(dest="command", required=True)
+    synth = sub.add_parser("synth", help="write a synthetic dataset with real encoded mp4 files")
+    synth.add_argument("path")
+    synth.add_argument("--preset", choices=sorted(PRESETS), default="libero")
+    synth.add_argument("--version", dest="version", choices=VERSIONS, help="LeRobot layout (default v2.1)")
+    synth.add_argument("--codec", choices=CODECS, help="video codec (default av1)")
+    synth.add_argument("--episodes", type=int)
+    synth.add_argument("--length", type=int, help="frames of the longest episode")
+    synth.add_argument(
+        "--image-size", type=int, help="camera height and width (>= 64; 64 for fast CPU demos)"
+    )
+    synth.add_argument("--fps", type=int)
+    synth.add_argument("--seed", type=int)
+    synth.add_argument("--overwrite", action="store_true")
+    synth.set_defaults(run=_synth)
+    info = sub.add_parser("info", help="print a dataset summary")
+    info.add_argument("path")
+    info.set_defaults(run=_info)
+    cache = sub.add_parser("cache", help="decode all frames once into a memory-mapped cache")
+    cache.add_argument("path")
+    cache.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to this (training) size")
+    cache.add_argument("--dir", help="cache directory (default: <dataset>/.vla_io_cache/frames-<size>)")
+    cache.set_defaults(run=_cache)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `vla-io`; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return args.run(args)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"vla-io {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Level 3 of the pipeline: pinned host buffers, a dedicated copy stream and an event per batch.
+
+On a CPU-only machine (or for device="cpu") this degrades to a pass-through with the same interface, so
+the pipeline's logic is the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+Batch = dict[str, Any]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """ "auto" -> the current CUDA device when there is one, else CPU; errors name the field."""
+    if str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "PipelineConfig.device is 'cuda' but CUDA is not available (use 'cpu' or 'auto')"
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type != "cpu":
+        raise ValueError(f"PipelineConfig.device must be 'auto', 'cpu' or 'cuda[:i]', got {device}")
+    return device
+
+
+def map_tensors(value: Any, fn: Callable[[str, torch.Tensor], Any], path: str = "") -> Any:
+    """Apply fn(path, tensor) to every tensor (numpy arrays are converted) in nested dicts/lists."""
+    if isinstance(value, torch.Tensor):
+        return fn(path, value)
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return fn(path, torch.from_numpy(np.ascontiguousarray(value)))
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn, f"{path}/{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (torch.Tensor, np.ndarray, dict)):
+        return type(value)(map_tensors(v, fn, f"{path}/{i}") for i, v in enumerate(value))
+    return value
+
+
+class HostToDevice:
+    """Copies host batches to the device through a ring of pinned buffers on a dedicated stream.
+
+    `copy(batch)` returns (device batch, event); the event marks the end of the copy and of the optional
+    device transform, which also runs on the copy stream. A pinned slot is rewritten only after its
+    previous copy has finished (its event), so no buffer is overwritten while the GPU still reads it.
+    """
+
+    def __init__(self, device: torch.device, slots: int) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._slots: list[dict[str, torch.Tensor]] = [{} for _ in range(slots)]
+        self._events: list[Any] = [None] * slots
+        self._next = 0
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def bind_thread(self) -> None:
+        """Call first in the thread that will copy (CUDA's current device is per thread)."""
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+
+    def copy(
+        self,
+        batch: Batch,
+        device_transform: Callable[[Batch], Batch] | None = None,
+        private: bool = False,
+        ready: Any = None,
+    ) -> tuple[Batch, Any]:
+        """The batch on the device (and transformed), plus the event to wait for before using it.
+
+        With `private`, the result never shares memory with `batch` (whose shared memory a worker will
+        reuse): on CUDA the pinned copy sees to that, on CPU shared tensors left in the result are cloned.
+        `ready` is an event after which CUDA tensors already in `batch` (decoded on the GPU) are complete.
+        """
+        if not self.cuda:
+            out = map_tensors(batch, lambda _, t: t)
+            out = device_transform(out) if device_transform else out
+            if private:
+                out = map_tensors(out, lambda _, t: t.clone() if t.is_shared() else t)
+            return out, None
+        slot = self._next
+        self._next = (slot + 1) % len(self._slots)
+        if self._events[slot] is not None:
+            self._events[slot].synchronize()
+        buffers = self._slots[slot]
+
+        def to_device(path: str, tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.device.type == "cuda":
+                return tensor
+            buf = buffers.get(path)
+            if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+                buf = buffers[path] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            buf.copy_(tensor)
+            return buf.to(self.device, non_blocking=True)
+
+        with torch.cuda.stream(self.stream):
+            if ready is not None:
+                self.stream.wait_event(ready)
+            out = map_tensors(batch, to_device)
+            if device_transform is not None:
+                out = device_transform(out)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self._events[slot] = event
+        return out, event
+
+
+def ready_event(batch: Batch) -> Any:
+    """An event recorded on this thread's current stream if `batch` holds CUDA tensors (made by GPU
+    decoding or a GPU transform), so the copy stream can wait for exactly that work; None otherwise."""
+    found = []
+    map_tensors(batch, lambda _, t: found.append(t.is_cuda))
+    if not any(found):
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def hand_over(batch: Batch, event: Any, device: torch.device | None = None) -> Batch:
+    """Make the consumer's current stream wait for the batch (on the GPU, no host block) and tell the
+    caching allocator that the consumer stream uses its memory."""
+    if event is None:
+        return batch
+    stream = torch.cuda.current_stream(device)
+    stream.wait_event(event)
+
+    def mark(_: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "cuda":
+            tensor.record_stream(stream)
+        return tensor
+
+    return map_tensors(batch, mark)

@@ -1,0 +1,176 @@
+"""Synthetic LeRobot datasets with real encoded mp4 files whose frames carry their own index.
+
+The content is made for tests and benchmarks: frame `g` of camera `c` shows a moving pattern and a marker
+holding `g * 16 + c` (see `read_frame_marker`); `observation.state[:, :3]` and `action[:, :3]` hold the global
+index, the episode index and the frame index, so a test can check which rows a sample came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._marker import draw_marker, marker_cell, read_marker
+
+log = logging.getLogger(__name__)
+
+LIBERO_TASKS = (
+    "put the black bowl on the plate",
+    "open the top drawer of the cabinet",
+    "pick up the alphabet soup and place it in the basket",
+    "turn on the stove",
+)
+VERSIONS = ("v2.1", "v3.0")
+CODECS = ("av1", "h264")
+
+
+@dataclass(kw_only=True)
+class SynthConfig:
+    """What `write_synthetic_dataset` writes. Defaults are the LIBERO-like preset."""
+
+    episodes: int = 10
+    """Number of episodes."""
+    episode_length: int = 200
+    """Frames in the longest episode; with `vary_length` others are up to 20% shorter."""
+    vary_length: bool = True
+    """Give episodes different lengths (deterministic), so episode edges fall at different places."""
+    fps: int = 20
+    """Frames per second of the data and the videos."""
+    image_size: int = 256
+    """Height and width of every camera (>= 64; 64 makes fast CPU demos)."""
+    cameras: tuple[str, ...] = ("image", "wrist_image")
+    """Camera names; features are `observation.images.<name>`."""
+    state_dim: int = 8
+    """Size of `observation.state`."""
+    action_dim: int = 7
+    """Size of `action`."""
+    tasks: tuple[str, ...] = LIBERO_TASKS
+    """Task strings; episode e performs task e % len(tasks)."""
+    version: str = "v2.1"
+    """LeRobot layout: "v2.1" (a file per episode) or "v3.0" (episodes concatenated in shared files)."""
+    codec: str = "av1"
+    """Video codec: "av1" (LeRobot's default) or "h264"."""
+    gop: int = 2
+    """Keyframe interval in frames (LeRobot uses 2)."""
+    episodes_per_file: int = 4
+    """v3.0 only: episodes per data/video file, so small datasets still span several files."""
+    seed: int = 0
+    """Seed of the image texture and the smooth state/action curves."""
+
+    def __post_init__(self) -> None:
+        if self.version not in VERSIONS:
+            raise ValueError(f"SynthConfig.version must be one of {VERSIONS}, got {self.version!r}")
+        if self.codec not in CODECS:
+            raise ValueError(f"SynthConfig.codec must be one of {CODECS}, got {self.codec!r}")
+        for name in ("episodes", "episode_length", "fps", "gop", "episodes_per_file"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SynthConfig.{name} must be >= 1, got {getattr(self, name)}")
+        marker_cell(self.image_size)  # raises for images too small to carry a marker
+        if self.image_size % 2:
+            raise ValueError(f"SynthConfig.image_size must be even (yuv420p), got {self.image_size}")
+        if not 1 <= len(self.cameras) <= 16:
+            raise ValueError(f"SynthConfig.cameras must name 1 to 16 cameras, got {len(self.cameras)}")
+        if self.state_dim < 3 or self.action_dim < 3:
+            raise ValueError("SynthConfig.state_dim and action_dim must be >= 3 (they carry row indices)")
+        if not self.tasks:
+            raise ValueError("SynthConfig.tasks must name at least one task")
+        self.cameras = tuple(self.cameras)
+        self.tasks = tuple(self.tasks)
+
+    def lengths(self) -> list[int]:
+        """Length of every episode."""
+        if not self.vary_length:
+            return [self.episode_length] * self.episodes
+        spread = max(1, self.episode_length // 5)
+        return [max(1, self.episode_length - (e * 7) % spread) for e in range(self.episodes)]
+
+    def with_(self, **changes: object) -> SynthConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS: dict[str, SynthConfig] = {
+    "libero": SynthConfig(),
+    "tiny": SynthConfig(episodes=3, episode_length=24, image_size=64),
+}
+
+
+def read_frame_marker(frame: np.ndarray) -> tuple[int, int]:
+    """(global frame index, camera index) stamped into a frame of a synthetic dataset (HWC or CHW uint8)."""
+    value = read_marker(frame)
+    return value >> 4, value & 15
+
+
+class ContentGenerator:
+    """Deterministic frames and rows of a synthetic dataset."""
+
+    def __init__(self, cfg: SynthConfig) -> None:
+        self.cfg = cfg
+        rng = np.random.default_rng(cfg.seed)
+        size = cfg.image_size
+        # a smooth random texture per camera, rolled over time: motion a codec can predict, like a scene
+        noise = rng.integers(0, 256, size=(len(cfg.cameras), size // 8, size // 8), dtype=np.uint8)
+        self._texture = np.repeat(np.repeat(noise, 8, axis=1), 8, axis=2)
+        yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+        self._yy, self._xx = yy, xx
+        self._phases = rng.uniform(0, 2 * np.pi, size=(max(cfg.state_dim, cfg.action_dim),))
+
+    def rows(self, episode: int, start_index: int, length: int) -> dict[str, np.ndarray]:
+        """The parquet columns of one episode."""
+        cfg = self.cfg
+        f = np.arange(length)
+        g = start_index + f
+        t = f.astype(np.float64) / cfg.fps
+
+        def curves(dim: int, speed: float) -> np.ndarray:
+            x = np.sin(speed * t[:, None] + self._phases[None, :dim] + episode).astype(np.float32)
+            x[:, 0], x[:, 1], x[:, 2] = g, episode, f  # identifiers, exact in float32 below 2**24
+            return x
+
+        return {
+            "observation.state": curves(cfg.state_dim, 1.3),
+            "action": curves(cfg.action_dim, 2.1),
+            "timestamp": t.astype(np.float32),
+            "frame_index": f.astype(np.int64),
+            "episode_index": np.full(length, episode, dtype=np.int64),
+            "index": g.astype(np.int64),
+            "task_index": np.full(length, episode % len(cfg.tasks), dtype=np.int64),
+        }
+
+    def frame(self, camera: int, episode: int, frame_index: int, global_index: int) -> np.ndarray:
+        """One (H, W, 3) uint8 frame."""
+        p = 0.15 * frame_index + episode + camera
+        img = np.empty((self.cfg.image_size, self.cfg.image_size, 3), dtype=np.uint8)
+        img[..., 0] = (128 + 90 * np.sin(self._xx * 0.04 + p)).astype(np.uint8)
+        img[..., 1] = (128 + 90 * np.sin(self._yy * 0.05 - 0.7 * p)).astype(np.uint8)
+        img[..., 2] = np.roll(self._texture[camera], shift=2 * frame_index, axis=1)
+        draw_marker(img, global_index * 16 + camera)
+        return img
+
+
+def write_synthetic_dataset(
+    root: str | Path, config: SynthConfig | None = None, overwrite: bool = False, progress: bool = True
+) -> Path:
+    """Write a synthetic LeRobot dataset (v2.1 or v3.0 layout, real mp4 files) under `root`.
+
+    Besides the LeRobot files it writes `meta/stats.json` and a `meta/modality.json` that names slices of
+    the state and action vectors. Returns the root path.
+    """
+    from ._synth_layout import write_layout
+
+    cfg = config or SynthConfig()
+    root = Path(root)
+    if root.exists() and any(root.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{root} exists and is not empty; pass overwrite=True to replace it")
+        import shutil
+
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    write_layout(root, cfg, ContentGenerator(cfg), progress=progress)
+    log.info("wrote synthetic %s dataset (%d episodes) to %s", cfg.version, cfg.episodes, root)
+    return root

@@ -1,0 +1,255 @@
+"""Level 1 of the pipeline: worker processes that load (decode + collate) batches into shared memory."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from ._collate import SharedPool, collate, set_shared_pool, share
+from ._errors import WorkerError
+from ._sampler import BatchTask, mix64
+
+log = logging.getLogger(__name__)
+SEED_KEY = "sample_seed"
+_POLL_S = 0.1
+
+
+def load_batch(dataset: Any, task: BatchTask, image_dtype: str | None, shared: bool) -> dict[str, Any]:
+    """The collated batch of a task (or part of one), plus each sample's seed under "sample_seed"."""
+    get_batch = getattr(dataset, "get_batch", None)
+    if get_batch is not None:
+        params = inspect.signature(get_batch).parameters
+        kwargs: dict[str, Any] = {}
+        if "image_dtype" in params and image_dtype is not None:
+            kwargs["image_dtype"] = image_dtype
+        if "shared_memory" in params:
+            kwargs["shared_memory"] = shared
+        batch = dict(get_batch(task.indices, **kwargs))
+    else:
+        batch = collate([dataset[int(i)] for i in task.indices])
+    batch[SEED_KEY] = torch.from_numpy(task.seeds.copy())
+    return share(batch) if shared else batch
+
+
+Key = tuple[tuple[int, int], int]  # ((epoch, batch), part)
+
+
+@dataclass(frozen=True)
+class PartTask:
+    """The samples of one batch that one worker loads."""
+
+    tag: tuple[int, int]
+    part: int
+    task: BatchTask
+
+    @property
+    def key(self) -> Key:
+        return (self.tag, self.part)
+
+
+def use_affinity(dataset: Any, setting: bool | None) -> bool:
+    """Whether to route samples by affinity: the explicit setting, else what the dataset prefers."""
+    if getattr(dataset, "affinity", None) is None:
+        return False
+    if setting is None:
+        prefers = getattr(dataset, "prefers_affinity", None)
+        return bool(prefers()) if prefers is not None else False
+    return setting
+
+
+def plan_parts(
+    task: BatchTask, dataset: Any, num_workers: int, by_affinity: bool, turn: int
+) -> list[tuple[int, np.ndarray]]:
+    """(worker, sample positions) for each part of a batch.
+
+    With affinity, a sample goes to the worker that owns its `dataset.affinity` key (LeRobotDataset: its
+    episode), so every worker keeps decoders for its own files open; otherwise the batch goes whole to
+    worker `turn`.
+    """
+    affinity = getattr(dataset, "affinity", None) if by_affinity else None
+    if affinity is None or num_workers == 1:
+        return [(turn % num_workers, np.arange(len(task.indices)))]
+    owners = (mix64(np.asarray(affinity(task.indices), dtype=np.int64)) % np.uint64(num_workers)).astype(
+        np.int64
+    )
+    return [(int(w), np.flatnonzero(owners == w)) for w in np.unique(owners)]
+
+
+def assemble(parts: list[dict[str, Any]], positions: list[np.ndarray]) -> dict[str, Any]:
+    """One batch from parts loaded by different workers, samples back in their original order."""
+    if len(parts) == 1:
+        return parts[0]
+    order = np.argsort(np.concatenate(positions), kind="stable")
+    out: dict[str, Any] = {}
+    for key in parts[0]:
+        values = [p[key] for p in parts]
+        if isinstance(values[0], torch.Tensor):
+            out[key] = torch.empty((len(order), *values[0].shape[1:]), dtype=values[0].dtype)
+            for part, where in zip(values, positions):
+                for row, dest in enumerate(where.tolist()):
+                    out[key][dest].copy_(part[row])  # row copies: index ops on uint8 are far slower
+        else:
+            flat = [v for part in values for v in part]
+            out[key] = [flat[i] for i in order]
+    return out
+
+
+@dataclass(frozen=True)
+class Release:
+    """Tells a worker that the main process has copied part `key` out: its shared memory is free again."""
+
+    key: Key
+
+
+@dataclass
+class _Failure:
+    """What a worker sends back instead of a batch when loading raised."""
+
+    worker: int
+    pid: int
+    tag: tuple[int, int]
+    text: str
+
+
+def _worker_loop(
+    worker: int, dataset: Any, tasks: Any, results: Any, image_dtype: str | None, seed: int, recycle: bool
+) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    torch.set_num_threads(1)
+    np.random.seed((seed + worker) & 0xFFFFFFFF)
+    torch.manual_seed(seed + worker)
+    parent = os.getppid()
+    pool = SharedPool() if recycle else None  # reuse shared memory only if the main process releases it
+    set_shared_pool(pool)
+    while True:
+        try:
+            task = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the main process is gone: do not linger
+                return
+            continue
+        if task is None:
+            return
+        if isinstance(task, Release):
+            if pool is not None:
+                pool.release(task.key)
+            continue
+        if pool is not None:
+            pool.begin()
+        try:
+            batch = load_batch(dataset, task.task, image_dtype, shared=True)
+        except Exception:
+            batch = _Failure(worker, os.getpid(), task.tag, traceback.format_exc())
+        if pool is not None:
+            pool.end(task.key)
+        results.put((task.key, batch))
+
+
+class WorkerPool:
+    """Persistent worker processes; each part task goes to a chosen worker, results are collected by key."""
+
+    def __init__(
+        self, dataset: Any, num_workers: int, start_method: str, image_dtype: str | None, seed: int,
+        timeout_s: float, recycle: bool = False,
+    ) -> None:  # fmt: skip
+        ctx = mp.get_context(start_method)
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(num_workers)]
+        self._procs = [
+            ctx.Process(
+                target=_worker_loop,
+                args=(i, dataset, self._tasks[i], self._results, image_dtype, seed, recycle),
+                daemon=True,
+                name=f"vla-io-worker-{i}",
+            )  # fmt: skip
+            for i in range(num_workers)
+        ]
+        for proc in self._procs:
+            proc.start()
+        self._ready: dict[Key, Any] = {}
+        self._owner: dict[Key, int] = {}
+        self._worker_of: dict[Key, int] = {}  # parts delivered but not yet released
+        self.timeout_s = timeout_s
+        self.recycle = recycle
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    def submit(self, task: PartTask, worker: int) -> None:
+        """Queue a part task on `worker`."""
+        self._owner[task.key] = worker
+        self._worker_of[task.key] = worker
+        self._tasks[worker].put(task)
+
+    def get(self, key: Key, stop: Any = None) -> dict[str, Any]:
+        """The loaded part `key`, waiting for it; raises WorkerError if its worker failed or died."""
+        start = time.monotonic()
+        tag = key[0]
+        while key not in self._ready:
+            try:
+                got, value = self._results.get(timeout=_POLL_S)
+                self._ready[got] = value
+            except queue.Empty:
+                self._check_alive(tag)
+                if stop is not None and stop.is_set():
+                    raise InterruptedError("pipeline stopped") from None
+                if time.monotonic() - start > self.timeout_s:
+                    raise WorkerError(
+                        f"batch {tag} (epoch, batch) not loaded after {self.timeout_s:.0f} s by worker "
+                        f"{self._owner.get(key)}; raise PipelineConfig.timeout_s if loading is just slow"
+                    ) from None
+        value = self._ready.pop(key)
+        self._owner.pop(key, None)
+        if isinstance(value, _Failure):
+            raise WorkerError(
+                f"worker {value.worker} (pid {value.pid}) failed on batch {value.tag} (epoch, batch):\n{value.text}"
+            )
+        return value
+
+    def release(self, keys: list[Key]) -> None:
+        """Let the workers reuse the shared memory of these parts (the caller copied them out)."""
+        for key in keys:
+            worker = self._worker_of.pop(key, None)
+            if worker is not None and self.recycle:
+                self._tasks[worker].put(Release(key))
+
+    def _check_alive(self, tag: tuple[int, int]) -> None:
+        for i, proc in enumerate(self._procs):
+            if not proc.is_alive():
+                code = proc.exitcode
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                raise WorkerError(
+                    f"worker {i} (pid {proc.pid}) died ({how}) while batch {tag} was pending; "
+                    "a crash in native code (decoder) or the out-of-memory killer are likely causes"
+                )
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force) and release the queues."""
+        for q in self._tasks:
+            with contextlib.suppress(OSError, ValueError):
+                q.put(None)
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=1.0)
+        self._ready.clear()
+        for q in [*self._tasks, self._results]:
+            q.cancel_join_thread()
+            q.close()
