@@ -38,6 +38,8 @@ class DataConfig(_Section):
     """State groups of meta/modality.json to use; None = all."""
     action_keys: list[str] | None = None
     """Action groups of meta/modality.json to predict; None = all."""
+    action_horizon: int | None = None
+    """Action steps per sample read from the dataset (the embodiment's chunk); None = the model's horizon."""
     embodiment_tag: str = "new_embodiment"
     """Embodiment of the dataset, selecting the model's per-embodiment projector slot."""
     batch_size: int = 16
@@ -57,6 +59,8 @@ class DataConfig(_Section):
         require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
         require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
         require(self.prefetch >= 1, "prefetch", f"must be >= 1, got {self.prefetch}")
+        horizon = self.action_horizon
+        require(horizon is None or horizon >= 1, "action_horizon", f"must be >= 1 or none, got {horizon}")
         for name in ("cameras", "state_keys", "action_keys"):
             keys = getattr(self, name)
             require(keys is None or len(keys) > 0, name, "must list at least one key, or be none (all)")

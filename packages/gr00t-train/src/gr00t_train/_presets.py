@@ -46,6 +46,7 @@ def libero_config() -> TrainConfig:
         data=DataConfig(
             cameras=["image", "wrist_image"],
             embodiment_tag="libero_panda",
+            action_horizon=16,
             batch_size=16,
             num_workers=8,
             augment=True,

@@ -6,9 +6,10 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from .__about__ import __version__
-from ._errors import ConfigError, DataError
+from ._errors import BatchTooLargeError, ConfigError, DataError, NonFiniteLossError
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,41 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from ._cli_demo import run_demo
+
+    dataset = Path(args.dataset) if args.dataset else None
+    return run_demo(Path(args.out), dataset, list(args.overrides))
+
+
+def _infer(args: argparse.Namespace) -> int:
+    from ._infer import evaluate
+
+    report = evaluate(
+        args.checkpoint, args.dataset, batches=args.batches, batch_size=args.batch_size, device=args.device
+    )
+    print(f"checkpoint {report.checkpoint}, dataset {report.dataset}: {report.samples} samples")
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ._bench import format_table, run_ladder, write_json
+
+    cfg = _resolve(args)
+    if not cfg.data.dataset:
+        raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH")
+    rows = [int(r) for r in args.rows.split(",")] if args.rows else None
+    result = run_ladder(cfg, steps=args.steps, warmup=args.warmup, rows=rows)
+    print(format_table(result))
+    if args.json:
+        write_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _config(args: argparse.Namespace) -> int:
     from ._config_io import config_to_dict
 
@@ -80,6 +116,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(run=_train)
 
+    demo = commands.add_parser(
+        "demo", help="train the tiny model on a synthetic dataset, then infer (CPU or GPU)"
+    )
+    demo.add_argument("--out", default="runs/demo", help="where the dataset, logs and checkpoints go")
+    demo.add_argument("--dataset", help="use this LeRobot dataset instead of writing the synthetic one")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    demo.set_defaults(run=_demo)
+
+    infer = commands.add_parser("infer", help="open-loop eval: predicted vs recorded action chunks")
+    infer.add_argument("--checkpoint", required=True, help="a checkpoint folder (or a folder of them)")
+    infer.add_argument("--dataset", required=True, help="a LeRobot dataset")
+    infer.add_argument("--batches", type=int, default=8, help="batches to evaluate (a seeded sample)")
+    infer.add_argument("--batch-size", type=int, default=8)
+    infer.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    infer.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    infer.set_defaults(run=_infer)
+
+    bench = commands.add_parser(
+        "bench", help="the ablation ladder: baseline -> + async data -> + overlap -> ..."
+    )
+    _add_config_args(bench)
+    bench.add_argument("--steps", type=int, default=20, help="measured steps per row")
+    bench.add_argument("--warmup", type=int, default=6, help="steps per row before measuring (capture etc.)")
+    bench.add_argument("--rows", help="comma-separated row indices to run (default: all)")
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    bench.set_defaults(run=_bench)
+
     config = commands.add_parser("config", help="print the resolved config (a template for --config)")
     _add_config_args(config)
     config.add_argument("--format", choices=("yaml", "json"), default="yaml")
@@ -97,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.run(args)
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError) as err:  # bad input: nothing ran
         print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except (NonFiniteLossError, BatchTooLargeError) as err:  # training stopped; the message says why
+        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
