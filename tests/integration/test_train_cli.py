@@ -56,3 +56,27 @@ def test_config_command_round_trips(tmp_path, capsys) -> None:
     path.write_text(capsys.readouterr().out)
     assert main(["config", "--config", str(path), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["optim"]["lr"] == 3e-4
+
+
+@pytest.mark.slow
+def test_demo_then_infer(dataset, tmp_path, capsys) -> None:
+    out = tmp_path / "demo"
+    sets = ["steps=4", "data.batch_size=4", "logging.progress=false", "device=cpu"]
+    argv = ["demo", "--out", str(out), "--dataset", str(dataset)]
+    for item in sets:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "open-loop action inference" in printed and "eef_delta_pos" in printed and "gripper" in printed
+    checkpoint = out / "run" / "checkpoints" / "step_000004"
+    assert f"checkpoint   {checkpoint}" in printed
+    for name in ("loss.png", "step_time.png", "metrics.jsonl", "summary.json", "config.json"):
+        assert (out / "run" / name).is_file(), name
+
+    report_path = tmp_path / "eval.json"
+    argv = ["infer", "--checkpoint", str(out / "run" / "checkpoints"), "--dataset", str(dataset)]
+    assert main([*argv, "--batches", "2", "--batch-size", "4", "--json", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["checkpoint"] == str(checkpoint) and report["samples"] == 8
+    assert set(report["mse"]) == {"eef_delta_pos", "eef_delta_rot", "gripper"}
+    assert all(v >= 0 for v in report["mse"].values())

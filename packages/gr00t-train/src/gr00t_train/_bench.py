@@ -73,6 +73,7 @@ def run_ladder(
     """Train every selected row; returns the table as a JSON-ready dict (speedups over the first row run)."""
     from ._build import build_parts
     from ._distributed import init_distributed, shutdown_distributed
+    from ._run import share_cpu_cores
     from ._trainer import Trainer
 
     env = init_distributed(base.device)
@@ -83,6 +84,8 @@ def run_ladder(
                 continue
             log.info("ablation row %d: %s", index, name)
             started = time.perf_counter()
+            if env.device.type == "cpu":
+                share_cpu_cores(cfg)
             parts = build_parts(cfg, env)
             trainer = Trainer(cfg, parts, env)
             summary = trainer.fit()

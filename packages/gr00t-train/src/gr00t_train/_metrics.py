@@ -85,6 +85,9 @@ class RunSummary:
     mfu: float | None
     step_time_s: float
     breakdown_s: dict[str, float] = field(default_factory=dict)
+    """Where a step's time went (sums to step_time_s): data_wait, compute, comm, optimizer, other."""
+    h2d_s: float = 0.0
+    """Host-to-device copy + device transform per step, on the pipeline's own thread (overlapped)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -103,6 +106,7 @@ class RunSummary:
         total = max(self.step_time_s, 1e-12)
         for name, seconds in self.breakdown_s.items():
             rows.append((f"  {name}", f"{1000 * seconds:.1f} ms ({100 * seconds / total:.0f}%)"))
+        rows.append(("h2d (overlapped)", f"{1000 * self.h2d_s:.1f} ms"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
@@ -115,7 +119,8 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
     n = len(measured)
     step_time = sum(r.step_time_s for r in measured) / n
     rates = throughput.record(0, 0.0, 0.0, None, {"step": step_time, **dict.fromkeys(PHASES, 0.0)})
-    breakdown = {name: sum(getattr(r, f"{name}_s") for r in measured) / n for name in PHASES}
+    in_step = [name for name in PHASES if name != "h2d"]
+    breakdown = {name: sum(getattr(r, f"{name}_s") for r in measured) / n for name in in_step}
     breakdown["other"] = max(0.0, step_time - sum(breakdown.values()))
     return RunSummary(
         steps=records[-1].step,
@@ -127,6 +132,7 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
         mfu=rates.mfu,
         step_time_s=step_time,
         breakdown_s=breakdown,
+        h2d_s=sum(r.h2d_s for r in measured) / n,
     )
 
 

@@ -22,7 +22,8 @@ def write_plots(records: list[StepRecord], summary: RunSummary, out_dir: str | P
     ax.plot(steps, [r.loss for r in records], lw=1, label="loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_yscale("log")
+    if all(r.loss > 0 for r in records):
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
     lr_ax = ax.twinx()
     lr_ax.plot(steps, [r.lr for r in records], color="tab:orange", lw=1, alpha=0.6, label="lr")
@@ -42,7 +43,10 @@ def write_plots(records: list[StepRecord], summary: RunSummary, out_dir: str | P
         left += value
     ax.set_yticks([])
     ax.set_xlabel("milliseconds per step")
-    ax.set_title(f"where step time went ({summary.samples_per_s:.1f} samples/s)")
+    ax.set_title(
+        f"where step time went ({summary.samples_per_s:.1f} samples/s; "
+        f"h2d {1000 * summary.h2d_s:.1f} ms on the copy thread)"
+    )
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     time_png = out_dir / "step_time.png"

@@ -20,17 +20,17 @@ def demo_config() -> TrainConfig:
     """The CPU demo: the `tiny` model on a small synthetic LIBERO-like dataset, full async pipeline,
     a few hundred steps in a few minutes on 2 cores (on a GPU machine the same settings run on the GPU)."""
     return TrainConfig(
-        steps=300,
+        steps=600,
         output_dir="runs/demo",
         data=DataConfig(
             cameras=["image", "wrist_image"],
             embodiment_tag="libero_panda",
-            batch_size=8,
+            batch_size=16,
             num_workers=1,
             augment=False,
         ),
         model=ModelConfig(preset="tiny"),
-        optim=OptimConfig(lr=1e-3, warmup_ratio=0.05, weight_decay=0.0),
+        optim=OptimConfig(lr=3e-3, warmup_ratio=0.05, weight_decay=0.0),
         optimizations=OptimizationsConfig(data="async", comm="overlap", graph="eager"),
         checkpoint=CheckpointConfig(every=0, keep_last=2),
         logging=LoggingConfig(every=10, summary_skip=10),
