@@ -248,3 +248,27 @@ def test_every_switch_follows_the_same_trajectory(tmp_path, env, standins, comm:
         assert torch.equal(a, b)
     report = trainer.graphed_step.report
     assert report.mode == graph and report.backend == ("eager" if graph == "eager" else "emulated")
+
+
+def test_tensorboard_scalars_when_installed(tmp_path, env, standins, monkeypatch) -> None:
+    import sys
+    import types
+
+    written = []
+
+    class FakeWriter:  # stands in for torch.utils.tensorboard.SummaryWriter (not installed here)
+        def __init__(self, path):
+            self.path = path
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, step))
+
+        def close(self):
+            written.append(("closed", None))
+
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    Trainer(standins.small_config(tmp_path, steps=2), standins.make_parts(), env).fit()
+    assert ("train/loss", 1) in written and ("train/samples_per_s", 2) in written
+    assert written[-1] == ("closed", None)

@@ -14,7 +14,7 @@ def _run(dataset, tmp_path, train_args, *sets):
     from gr00t_train._build import build_parts
 
     cfg = gr00t_train.load_config(
-        preset="demo", overrides=[*train_args(dataset, tmp_path, *sets)[3::2], "device=cuda"]
+        preset="demo", overrides=[*train_args(dataset, tmp_path, *sets)[4::2], "device=cuda"]
     )
     env = gr00t_train.init_distributed("cuda")
     try:

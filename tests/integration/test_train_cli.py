@@ -80,3 +80,4 @@ def test_demo_then_infer(dataset, tmp_path, capsys) -> None:
     assert report["checkpoint"] == str(checkpoint) and report["samples"] == 8
     assert set(report["mse"]) == {"eef_delta_pos", "eef_delta_rot", "gripper"}
     assert all(v >= 0 for v in report["mse"].values())
+    assert set(report["mse_normalized"]) == set(report["mse"]) and 0 < report["mse_normalized_all"] < 10

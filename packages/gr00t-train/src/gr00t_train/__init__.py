@@ -15,9 +15,11 @@ from ._config import (
 from ._config_io import apply_overrides, config_from_dict, config_to_dict, load_config
 from ._distributed import DistEnv, init_distributed, shutdown_distributed
 from ._errors import BatchTooLargeError, ConfigError, DataError, NonFiniteLossError
+from ._infer import EvalReport, evaluate
 from ._metrics import RunSummary, StepRecord
 from ._parts import BatchSource, TrainParts
 from ._presets import PRESETS, demo_config, libero_config
+from ._run import run_training
 from ._schedule import CosineSchedule
 from ._trainer import Trainer
 
@@ -32,6 +34,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DistEnv",
+    "EvalReport",
     "LoggingConfig",
     "ModelConfig",
     "NonFiniteLossError",
@@ -47,8 +50,10 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "demo_config",
+    "evaluate",
     "init_distributed",
     "libero_config",
     "load_config",
+    "run_training",
     "shutdown_distributed",
 ]

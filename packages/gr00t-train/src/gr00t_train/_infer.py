@@ -27,15 +27,21 @@ class EvalReport:
     samples: int
     steps_compared: int
     mse: dict[str, float] = field(default_factory=dict)
-    """Per action group, over every real (not padded) step of every sample."""
+    """Per action group, in dataset units, over every real (not padded) step of every sample."""
     mse_all: float = 0.0
+    mse_normalized: dict[str, float] = field(default_factory=dict)
+    """Per action group, on the normalized scale the model predicts (min/max groups: [-1, 1] = range)."""
+    mse_normalized_all: float = 0.0
 
     def table(self) -> str:
         """A small text table for the terminal."""
-        width = max(len(k) for k in [*self.mse, "all"])
-        rows = [f"{'group'.ljust(width)}  MSE (dataset units)"]
-        rows += [f"{name.ljust(width)}  {value:.6g}" for name, value in self.mse.items()]
-        rows.append(f"{'all'.ljust(width)}  {self.mse_all:.6g}")
+        width = max(len(k) for k in [*self.mse, "group"])
+        rows = [f"{'group'.ljust(width)}  {'MSE (dataset units)':>20}  {'MSE (normalized)':>17}"]
+        rows += [
+            f"{name.ljust(width)}  {self.mse[name]:>20.6g}  {self.mse_normalized[name]:>17.4f}"
+            for name in self.mse
+        ]
+        rows.append(f"{'all'.ljust(width)}  {self.mse_all:>20.6g}  {self.mse_normalized_all:>17.4f}")
         return "\n".join(rows)
 
     def as_dict(self) -> dict:
@@ -92,29 +98,44 @@ def evaluate(
     )
     torch.manual_seed(seed)
     groups = data.spec.action
-    sums = {g.name: 0.0 for g in groups}
+    raw_err = {g.name: 0.0 for g in groups}
+    norm_err = {g.name: 0.0 for g in groups}
     counts = {g.name: 0 for g in groups}
     samples = steps = 0
     try:
         for index, batch in enumerate(pipeline):
             if index == batches:
                 break
-            predicted = processor.decode_action(model.get_action(batch), batch["raw_state"].cpu())
+            normalized = model.get_action(batch).float().cpu()  # [B, model horizon, max_action_dim]
+            predicted = processor.decode_action(normalized, batch["raw_state"].cpu())  # [B, T, D]
             recorded = batch["raw_action"].cpu().float()
+            target = batch["action"].cpu().float()
             real = ~batch["action_is_pad"].cpu().bool()  # [B, T]
-            offset = 0
+            horizon, offset = real.shape[1], 0
             for g in groups:
-                pred = predicted[..., offset : offset + (g.end - g.start)]
-                err = (pred - recorded[..., g.start : g.end]) ** 2
-                sums[g.name] += float(err[real].sum())
-                counts[g.name] += int(real.sum()) * (g.end - g.start)
-                offset += g.end - g.start
+                width = g.end - g.start
+                cols = slice(offset, offset + width)
+                raw_err[g.name] += float(
+                    ((predicted[..., cols] - recorded[..., g.start : g.end]) ** 2)[real].sum()
+                )
+                diff = normalized[:, :horizon, cols] - target[:, :horizon, cols]
+                norm_err[g.name] += float((diff**2)[real].sum())
+                counts[g.name] += int(real.sum()) * width
+                offset += width
             samples += real.shape[0]
             steps += int(real.sum())
     finally:
         pipeline.close()
     if samples == 0:
         raise DataError(f"{dataset}: not a single batch of {batch_size} samples to evaluate")
-    mse = {name: sums[name] / max(1, counts[name]) for name in sums}
-    total = sum(sums.values()) / max(1, sum(counts.values()))
-    return EvalReport(str(folder), str(dataset), samples, steps, mse, total)
+    total = max(1, sum(counts.values()))
+    return EvalReport(
+        str(folder),
+        str(dataset),
+        samples,
+        steps,
+        {name: raw_err[name] / max(1, counts[name]) for name in raw_err},
+        sum(raw_err.values()) / total,
+        {name: norm_err[name] / max(1, counts[name]) for name in norm_err},
+        sum(norm_err.values()) / total,
+    )
