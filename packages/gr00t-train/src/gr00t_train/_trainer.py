@@ -17,7 +17,7 @@ from ._comm import build_comm
 from ._config import TrainConfig
 from ._config_io import config_to_dict, write_config_json
 from ._distributed import DistEnv
-from ._errors import BatchTooLargeError, NonFiniteLossError
+from ._errors import BatchTooLargeError, ConfigError, NonFiniteLossError
 from ._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
 from ._parts import Batch, TrainParts, episode_ids
 from ._rng import rng_state, seed_everything, set_rng_state
@@ -101,9 +101,7 @@ class Trainer:
             if self.parts.close is not None:
                 self.parts.close()
         if not metrics.records:
-            raise RuntimeError(
-                f"nothing to train: the checkpoint is already at step {start} of {self.cfg.steps}"
-            )
+            raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")
         summary = summarize(metrics.records, self.cfg.logging.summary_skip, self.throughput)
         if self.env.is_main:
             self._write_report(summary)
