@@ -54,5 +54,6 @@ if [ -d "$avlibs" ] && [ ! -f "$shim/.done" ]; then
   done
   touch "$shim/.done"
 fi
-export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# av.libs too: the FFmpeg libraries find their own dependencies (libdrm, codecs) by their hashed names there.
+export LD_LIBRARY_PATH="$shim:$avlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"

@@ -7,11 +7,14 @@ each also as a deferred (fake) group. `pool.run(name, world_size, **kwargs)` cal
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import multiprocessing as mp
 import os
 import queue
+import signal
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -41,6 +44,7 @@ def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for stacks when we hang
     _overlap_deferred_pg.register()
     dist.init_process_group(
         "gloo",
@@ -100,8 +104,16 @@ class WorkerPool:
             try:
                 rank, ok, payload = self._results.get(timeout=RESULT_TIMEOUT_S)
             except queue.Empty:
+                # Dump every worker's stack (faulthandler, to stderr) for the report, then start a fresh
+                # pool so that one hung collective fails one test instead of every test after it.
+                for proc in self._procs:
+                    if proc.is_alive() and proc.pid is not None:
+                        os.kill(proc.pid, signal.SIGUSR1)
+                time.sleep(2)
+                self._restart()
                 raise TimeoutError(
-                    f"{name} at world size {world_size}: no answer in {RESULT_TIMEOUT_S} s"
+                    f"{name} at world size {world_size}: no answer in {RESULT_TIMEOUT_S} s (worker stacks "
+                    "were written to stderr; the pool was restarted)"
                 ) from None
             if ok:
                 got[rank] = torch.load(io.BytesIO(payload), weights_only=False)

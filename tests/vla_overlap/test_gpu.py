@@ -62,6 +62,7 @@ def train(
         model.zero_grad()
         for m in range(micro):
             x, y = data(step, m)
+
             # A fresh context manager for each `with`: generator-based ones cannot be entered twice.
             def sync(m: int = m) -> contextlib.AbstractContextManager:
                 return model.no_sync() if no_sync and m < micro - 1 else contextlib.nullcontext()

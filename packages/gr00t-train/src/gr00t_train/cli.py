@@ -1,28 +1,172 @@
-"""The `gr00t-train` command line."""
+"""The `gr00t-train` command line: train, demo, infer, bench, config."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import logging
+import sys
+from pathlib import Path
 
 from .__about__ import __version__
+from ._errors import BatchTooLargeError, ConfigError, DataError, NonFiniteLossError
 
-_PACKAGES = ("vla_io", "vla_overlap", "vla_graph", "gr00t_model", "gr00t_train")
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="a .toml, .yaml or .json config file")
+    parser.add_argument("--preset", help="start from a named preset: demo or libero")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting, e.g. --set optim.lr=3e-4 --set optimizations.graph=per_microbatch",
+    )
+
+
+def _resolve(args: argparse.Namespace):
+    from ._config_io import load_config
+
+    overrides = list(args.overrides)
+    if getattr(args, "resume", None):
+        overrides.append(f"checkpoint.resume={args.resume}")
+    return load_config(args.config, preset=args.preset, overrides=overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ._run import run_training
+
+    cfg = _resolve(args)
+    if not cfg.data.dataset:
+        raise ConfigError(
+            "data.dataset", "no dataset given; pass --set data.dataset=PATH (a LeRobot dataset)"
+        )
+    summary = run_training(cfg)
+    if summary is not None:
+        print(summary.table())
+        print(f"outputs: {cfg.output_dir} (metrics.jsonl, summary.json, loss.png, step_time.png)")
+        print(f"checkpoints: {cfg.checkpoint_dir}")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    # Until the trainer lands (issue 7) the demo only proves the five packages install and import together.
-    for name in _PACKAGES:
-        print(f"{name} {importlib.import_module(name).__version__}")
-    print("The training demo arrives with the trainer; every package above is installed and importable.")
+    from ._cli_demo import run_demo
+
+    dataset = Path(args.dataset) if args.dataset else None
+    return run_demo(Path(args.out), dataset, list(args.overrides))
+
+
+def _infer(args: argparse.Namespace) -> int:
+    from ._infer import evaluate
+
+    report = evaluate(
+        args.checkpoint, args.dataset, batches=args.batches, batch_size=args.batch_size, device=args.device
+    )
+    print(f"checkpoint {report.checkpoint}, dataset {report.dataset}: {report.samples} samples")
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ._bench import format_table, run_ladder, write_json
+
+    cfg = _resolve(args)
+    if not cfg.data.dataset:
+        raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH")
+    rows = [int(r) for r in args.rows.split(",")] if args.rows else None
+    result = run_ladder(cfg, steps=args.steps, warmup=args.warmup, rows=rows)
+    print(format_table(result))
+    if args.json:
+        write_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from ._config_io import config_to_dict
+
+    data = config_to_dict(_resolve(args))
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `gr00t-train` (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="gr00t-train", description="Fast GR00T N1.6 fine-tuning")
+    parser.add_argument("--version", action="version", version=f"gr00t-train {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="fine-tune on a LeRobot dataset (works under torchrun)")
+    _add_config_args(train)
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        metavar="CHECKPOINT",
+        help="continue from a checkpoint folder (default: the newest in checkpoint.dir)",
+    )
+    train.set_defaults(run=_train)
+
+    demo = commands.add_parser(
+        "demo", help="train the tiny model on a synthetic dataset, then infer (CPU or GPU)"
+    )
+    demo.add_argument("--out", default="runs/demo", help="where the dataset, logs and checkpoints go")
+    demo.add_argument("--dataset", help="use this LeRobot dataset instead of writing the synthetic one")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    demo.set_defaults(run=_demo)
+
+    infer = commands.add_parser("infer", help="open-loop eval: predicted vs recorded action chunks")
+    infer.add_argument("--checkpoint", required=True, help="a checkpoint folder (or a folder of them)")
+    infer.add_argument("--dataset", required=True, help="a LeRobot dataset")
+    infer.add_argument("--batches", type=int, default=8, help="batches to evaluate (a seeded sample)")
+    infer.add_argument("--batch-size", type=int, default=8)
+    infer.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    infer.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    infer.set_defaults(run=_infer)
+
+    bench = commands.add_parser(
+        "bench", help="the ablation ladder: baseline -> + async data -> + overlap -> ..."
+    )
+    _add_config_args(bench)
+    bench.add_argument("--steps", type=int, default=20, help="measured steps per row")
+    bench.add_argument("--warmup", type=int, default=6, help="steps per row before measuring (capture etc.)")
+    bench.add_argument("--rows", help="comma-separated row indices to run (default: all)")
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    bench.set_defaults(run=_bench)
+
+    config = commands.add_parser("config", help="print the resolved config (a template for --config)")
+    _add_config_args(config)
+    config.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    config.set_defaults(run=_config)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `gr00t-train`; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="gr00t-train", description="Fast GR00T N1.6 fine-tuning")
-    parser.add_argument("--version", action="version", version=f"gr00t-train {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="the README's main job").set_defaults(run=_demo)
-    args = parser.parse_args(argv)
-    return args.run(args)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return args.run(args)
+    except (ConfigError, DataError) as err:  # bad input: nothing ran
+        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (NonFiniteLossError, BatchTooLargeError) as err:  # training stopped; the message says why
+        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

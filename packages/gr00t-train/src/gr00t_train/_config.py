@@ -1,0 +1,236 @@
+"""The training configuration: nested dataclasses, validated on construction.
+
+Every field has a default, can be set from a TOML/YAML file and overridden on the command line with
+`--set section.field=value` (see `_config_io`). Errors name the dotted field and the allowed values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._config_types import check_fields, require
+
+DataMode = Literal["sync", "async"]
+CommMode = Literal["allreduce_after_backward", "ddp", "overlap", "zero1_overlap"]
+GraphMode = Literal["eager", "full_iteration", "per_microbatch"]
+
+
+class _Section:
+    """Type-checks all fields, then runs the section's own range checks."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self._check()
+
+    def _check(self) -> None:
+        pass
+
+
+@dataclass(kw_only=True)
+class DataConfig(_Section):
+    """What to read and how to batch it."""
+
+    dataset: str = ""
+    """Root folder of a LeRobot dataset (v2.x with GR00T's meta/modality.json, or v3.0)."""
+    cameras: list[str] | None = None
+    """Camera (video) keys to feed the model, in order; None = every camera of the dataset."""
+    state_keys: list[str] | None = None
+    """State groups of meta/modality.json to use; None = all."""
+    action_keys: list[str] | None = None
+    """Action groups of meta/modality.json to predict; None = all."""
+    action_horizon: int | None = None
+    """Action steps per sample read from the dataset (the embodiment's chunk); None = the model's horizon."""
+    embodiment_tag: str = "new_embodiment"
+    """Embodiment of the dataset, selecting the model's per-embodiment projector slot."""
+    batch_size: int = 16
+    """Samples per device per microbatch."""
+    num_workers: int = 4
+    """Decoding worker processes (async data only)."""
+    prefetch: int = 2
+    """Batches each level of the async pipeline keeps ready."""
+    decode_device: Literal["cpu", "cuda"] = "cpu"
+    """Where video frames are decoded (cuda = NVDEC)."""
+    augment: bool = True
+    """Random crop + color jitter during training, as the release fine-tunes."""
+    shuffle: bool = True
+    """Shuffle the sample order (seeded; resumable)."""
+
+    def _check(self) -> None:
+        require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        require(self.prefetch >= 1, "prefetch", f"must be >= 1, got {self.prefetch}")
+        horizon = self.action_horizon
+        require(horizon is None or horizon >= 1, "action_horizon", f"must be >= 1 or none, got {horizon}")
+        for name in ("cameras", "state_keys", "action_keys"):
+            keys = getattr(self, name)
+            require(keys is None or len(keys) > 0, name, "must list at least one key, or be none (all)")
+            require(keys is None or len(set(keys)) == len(keys), name, f"lists a key twice: {keys}")
+
+
+@dataclass(kw_only=True)
+class ModelConfig(_Section):
+    """Which GR00T model to build and what of it to train."""
+
+    preset: str = "n1.6-3b"
+    """A gr00t_model preset name (for example tiny, n1.6-3b)."""
+    checkpoint: str | None = None
+    """Initial weights: a directory that gr00t_model.from_pretrained loads; None = random init."""
+    tokenizer: str | None = None
+    """A local Hugging Face tokenizer directory; None = the model package's offline default."""
+    action_horizon: int | None = None
+    """Actions predicted per sample; None = the preset's."""
+    tune_llm: bool | None = None
+    """Train the whole language model; None = the preset's."""
+    tune_visual: bool | None = None
+    """Train the vision tower and connector; None = the preset's."""
+    tune_top_llm_layers: int | None = None
+    """Train this many top language-model layers; None = the preset's."""
+    vlm_seq_len: int | None = None
+    """Pad the VLM token sequence to this fixed length (graphs need fixed shapes); None = automatic."""
+
+    def _check(self) -> None:
+        require(bool(self.preset), "preset", "must name a gr00t_model preset")
+        for name in ("action_horizon", "vlm_seq_len"):
+            value = getattr(self, name)
+            require(value is None or value >= 1, name, f"must be >= 1 or none, got {value}")
+        top = self.tune_top_llm_layers
+        require(top is None or top >= 0, "tune_top_llm_layers", f"must be >= 0 or none, got {top}")
+
+
+@dataclass(kw_only=True)
+class OptimConfig(_Section):
+    """AdamW with a cosine schedule after a linear warmup, and global grad-norm clipping."""
+
+    lr: float = 1e-4
+    """Peak learning rate."""
+    weight_decay: float = 1e-5
+    """Decoupled weight decay on matrices (not on biases, norms or embeddings' 1-d parameters)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    warmup_ratio: float = 0.05
+    """Fraction of the steps spent warming up linearly from 0 to lr."""
+    min_lr_ratio: float = 0.0
+    """The cosine decays to lr * min_lr_ratio."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 = no clipping."""
+    grad_accum: int = 1
+    """Microbatches per optimizer step."""
+
+    def _check(self) -> None:
+        require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(all(0 <= b < 1 for b in self.betas), "betas", f"each must be in [0, 1), got {self.betas}")
+        require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+        require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        require(self.grad_clip >= 0, "grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
+        require(self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}")
+
+
+@dataclass(kw_only=True)
+class OptimizationsConfig(_Section):
+    """One switch per speed-up, so each row of the ablation ladder is one command line."""
+
+    data: DataMode = "async"
+    """sync: load and preprocess in the training loop; async: the three-level pipeline."""
+    comm: CommMode = "overlap"
+    """Gradient communication: all-reduce after backward, torch DDP, overlapped buckets, or ZeRO-1 + overlap."""
+    graph: GraphMode = "eager"
+    """CUDA graphs: none, the whole iteration as one graph, or one graph per microbatch (CUDA only)."""
+    fused_optimizer: bool = True
+    """Fused AdamW kernel (one launch for all parameters)."""
+    tf32: bool = True
+    """TF32 matmuls and convolutions for fp32 work on CUDA."""
+    cudnn_benchmark: bool = True
+    """cuDNN autotuning for fixed shapes."""
+    bucket_mb: float = 100.0
+    """Gradient bucket size for the overlap wrappers, in MiB."""
+    graph_warmup: int = 3
+    """Eager steps before a CUDA graph is captured."""
+
+    def _check(self) -> None:
+        require(self.bucket_mb > 0, "bucket_mb", f"must be > 0, got {self.bucket_mb}")
+        require(self.graph_warmup >= 1, "graph_warmup", f"must be >= 1, got {self.graph_warmup}")
+        require(
+            self.comm != "ddp" or self.graph == "eager",
+            "graph",
+            f"{self.graph!r} cannot run with comm='ddp' (torch DDP communicates from autograd hooks, which "
+            "do not fire during graph replay); use comm=overlap or zero1_overlap with graphs",
+        )
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig(_Section):
+    """When and where checkpoints are written, and what to resume from."""
+
+    dir: str | None = None
+    """Checkpoint folder; None = <output_dir>/checkpoints."""
+    every: int = 0
+    """Save every this many steps; 0 = only at the end."""
+    keep_last: int = 3
+    """Keep only the newest this many checkpoints."""
+    save_final: bool = True
+    """Save after the last step."""
+    resume: str | None = None
+    """Resume from a checkpoint folder, or `auto` for the newest one in `dir`; None = start fresh."""
+
+    def _check(self) -> None:
+        require(self.every >= 0, "every", f"must be >= 0 (0 = only at the end), got {self.every}")
+        require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig(_Section):
+    """Progress bar, per-step JSONL, TensorBoard, end-of-run summary and plots."""
+
+    every: int = 10
+    """Steps between host synchronisations (loss check, progress bar, log flush)."""
+    progress: bool = True
+    """Show a progress bar (main process only)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars when tensorboard is installed."""
+    plots: bool = True
+    """Write loss-curve and step-time PNGs at the end."""
+    peak_tflops: float | None = None
+    """Device peak for MFU, in TFLOP/s; None = known GPUs only (H200: 790 bf16, measured)."""
+    summary_skip: int = 5
+    """Leading steps left out of the throughput summary (compilation, capture, warm caches)."""
+
+    def _check(self) -> None:
+        require(self.every >= 1, "every", f"must be >= 1, got {self.every}")
+        require(self.peak_tflops is None or self.peak_tflops > 0, "peak_tflops", "must be > 0 or none")
+        require(self.summary_skip >= 0, "summary_skip", f"must be >= 0, got {self.summary_skip}")
+
+
+@dataclass(kw_only=True)
+class TrainConfig(_Section):
+    """Everything one training run needs."""
+
+    steps: int = 10_000
+    """Optimizer steps."""
+    seed: int = 42
+    """Seed of every random stream (model init, data order, augmentation, flow-matching noise)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto = CUDA when available (one GPU per process under torchrun), else CPU."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Model precision: bf16 = frozen weights bf16, trainable fp32, bf16 autocast (the release's policy);
+    fp32 = everything fp32; auto = bf16 on CUDA, the model preset's own choice on CPU."""
+    output_dir: str = "runs/gr00t-train"
+    """Where logs, plots, the resolved config and (by default) checkpoints go."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def _check(self) -> None:
+        require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        require(bool(self.output_dir), "output_dir", "must not be empty")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The checkpoint folder, resolved."""
+        return self.checkpoint.dir or f"{self.output_dir}/checkpoints"

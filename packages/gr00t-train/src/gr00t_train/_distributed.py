@@ -1,0 +1,90 @@
+"""Process group set-up from torchrun's environment variables: NCCL on GPU, gloo on CPU, same code.
+
+A single process without torchrun still gets a one-rank group, so every communication mode runs
+(and is measured) the same way at any world size."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DistEnv:
+    """Where this process sits: its rank, the world size and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    owns_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the process that logs and writes shared files."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op without a process group)."""
+        if dist.is_initialized() and self.world_size > 1:
+            dist.barrier()
+
+    def all_reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Mean over ranks, in place; returns the tensor."""
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(tensor)
+            tensor /= self.world_size
+        return tensor
+
+
+def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
+    """`auto` = this rank's GPU when CUDA is available, else the CPU."""
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda was asked for but CUDA is not available; use --set device=cpu")
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device_preference: str = "auto") -> DistEnv:
+    """Join (or create) the default process group as torchrun describes it."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = resolve_device(device_preference, local_rank)
+    owns = False
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+        elif world_size == 1:
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            )
+        else:
+            raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set: launch with torchrun")
+        owns = True
+        log.info("process group: backend %s, rank %d of %d, device %s", backend, rank, world_size, device)
+    else:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistEnv(rank, world_size, local_rank, device, owns)
+
+
+def shutdown_distributed(env: DistEnv) -> None:
+    """Destroy the process group if `init_distributed` created it."""
+    if env.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

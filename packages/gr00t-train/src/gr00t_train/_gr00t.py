@@ -1,0 +1,121 @@
+"""The model side of a run, from gr00t_model: build or load the model, its loss, the random draws kept
+outside graphs, checkpoint saving/loading, and the analytic FLOPs for MFU."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import gr00t_model
+import torch
+from gr00t_model import GR00TN16, GR00TConfig
+
+from ._config import TrainConfig
+from ._errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODEL_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "pixel_values",
+    "state",
+    "action",
+    "action_mask",
+    "embodiment_id",
+)
+"""What the model's training forward reads from a batch."""
+
+_PRECISION = {
+    "bf16": {"compute_dtype": "bfloat16", "frozen_dtype": "bfloat16", "trainable_dtype": "float32"},
+    "fp32": {"compute_dtype": None, "frozen_dtype": "float32", "trainable_dtype": "float32"},
+}
+
+
+def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
+    """GR00TConfig fields the training config changes."""
+    m = cfg.model
+    fields = {
+        k: getattr(m, k)
+        for k in ("action_horizon", "tune_llm", "tune_visual", "tune_top_llm_layers")
+        if getattr(m, k) is not None
+    }
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else None  # CPU: the preset's own choice
+    if precision is not None:
+        fields.update(_PRECISION[precision])
+    token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
+    fields["image_token_id"] = token_id
+    return fields
+
+
+def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
+    """A fresh model of `model.preset` (same weights on every rank: seeded), or `model.checkpoint` loaded."""
+    overrides = model_overrides(cfg, device, tokenizer)
+    if cfg.model.checkpoint:
+        if cfg.model.tokenizer is None:
+            raise ConfigError(
+                "model.tokenizer",
+                "starting from model.checkpoint needs the tokenizer those weights were trained with "
+                "(a local Hugging Face tokenizer directory, e.g. the release's Qwen3 tokenizer)",
+            )
+        return gr00t_model.from_pretrained(cfg.model.checkpoint, device=device, **overrides)
+    try:
+        config = GR00TConfig.preset(cfg.model.preset, **overrides)
+    except ValueError as err:
+        raise ConfigError("model.preset", str(err)) from err
+    if len(tokenizer) > config.vocab_size:
+        raise ConfigError(
+            "model.tokenizer",
+            f"the tokenizer has {len(tokenizer)} tokens, the model's vocab_size is {config.vocab_size}",
+        )
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    with torch.device(device):
+        model = GR00TN16(config)
+    return model.train()
+
+
+def gr00t_loss(module: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """Flow-matching loss of one microbatch; noise and flow time come pre-drawn in the batch."""
+    return module(batch, noise=batch["noise"], t=batch["t"])["loss"]
+
+
+def make_draw(model: GR00TN16, batch_size: int, device: torch.device) -> Callable[[dict], dict]:
+    """Noise and flow time for one microbatch, drawn eagerly from the default generators (which the
+    checkpoints save), so graphed and eager runs consume the same random stream."""
+    c = model.config
+    head = model.action_head
+
+    def draw(batch: dict) -> dict[str, torch.Tensor]:
+        noise = torch.randn(batch_size, c.action_horizon, c.max_action_dim, device=device)
+        return {"noise": noise, "t": head.sample_time(batch_size, device)}
+
+    return draw
+
+
+def save_model(module: torch.nn.Module, folder: Path) -> None:
+    """gr00t_model's own layout: `gr00t_model.from_pretrained(folder)` loads it bit-exactly."""
+    gr00t_model.save_pretrained(module, folder)
+
+
+def load_model_in_place(module: torch.nn.Module, folder: Path) -> None:
+    """Load a save_pretrained checkpoint into an existing model through `load_state_dict`, which copies
+    in place (captured graphs and communication buffers keep pointing at the same parameters, and
+    vla_overlap refreshes its master weights)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no model safetensors to resume from")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    module.load_state_dict(state, strict=True)
+
+
+def flops_and_tokens(config: GR00TConfig, num_images: int, vlm_tokens: int | None) -> tuple[float, float]:
+    """Analytic training FLOPs per sample and tokens per sample (VLM + DiT)."""
+    flops = gr00t_model.training_flops_per_sample(config, num_images=num_images, vlm_tokens=vlm_tokens)
+    return flops["train"], flops["vlm_tokens"] + flops["dit_tokens"]

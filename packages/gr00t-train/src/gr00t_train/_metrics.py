@@ -1,0 +1,215 @@
+"""Per-step metrics: a JSONL line per step, TensorBoard scalars when installed, a progress bar with loss,
+samples/s and ETA, and the end-of-run summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._timing import PHASES
+
+log = logging.getLogger(__name__)
+
+# Peak dense bf16 rates measured through PyTorch (see the anchors): the denominator of MFU.
+KNOWN_PEAK_TFLOPS = {"H200": 790.0}
+
+
+@dataclass
+class StepRecord:
+    """What one optimizer step did and how long it took (per process; loss averaged over ranks)."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float | None
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float | None
+    mfu: float | None
+    data_wait_s: float
+    h2d_s: float
+    compute_s: float
+    comm_s: float
+    optimizer_s: float
+
+
+@dataclass
+class Throughput:
+    """How to turn a step time into samples/s, tokens/s and MFU."""
+
+    samples_per_step: int
+    tokens_per_sample: float | None = None
+    flops_per_sample: float | None = None
+    peak_flops: float | None = None
+
+    def record(self, step: int, loss: float, lr: float, grad_norm: float | None, times: dict) -> StepRecord:
+        """A StepRecord from resolved phase times."""
+        dt = max(times["step"], 1e-12)
+        sps = self.samples_per_step / dt
+        tokens = sps * self.tokens_per_sample if self.tokens_per_sample else None
+        mfu = (
+            sps * self.flops_per_sample / self.peak_flops
+            if self.flops_per_sample and self.peak_flops
+            else None
+        )
+        phases = {f"{name}_s": times[name] for name in PHASES}
+        return StepRecord(step, loss, lr, grad_norm, dt, sps, tokens, mfu, **phases)
+
+
+def peak_flops_for(device_name: str, override_tflops: float | None) -> float | None:
+    """Peak FLOP/s of a device for MFU: the configured value, else a known GPU's measured peak."""
+    if override_tflops is not None:
+        return override_tflops * 1e12
+    for key, tflops in KNOWN_PEAK_TFLOPS.items():
+        if key in device_name:
+            return tflops * 1e12
+    return None
+
+
+@dataclass
+class RunSummary:
+    """Averages over the measured steps of a run (leading steps skipped)."""
+
+    steps: int
+    measured_steps: int
+    first_loss: float
+    """Mean loss of the first 10 steps."""
+    final_loss: float
+    """Mean loss of the last 10 steps."""
+    samples_per_s: float
+    tokens_per_s: float | None
+    mfu: float | None
+    step_time_s: float
+    breakdown_s: dict[str, float] = field(default_factory=dict)
+    """Where a step's time went (sums to step_time_s): data_wait, compute, comm, optimizer, other."""
+    h2d_s: float = 0.0
+    """Host-to-device copy + device transform per step, on the pipeline's own thread (overlapped)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """A small text table for the terminal."""
+        rows = [
+            ("steps", f"{self.steps} ({self.measured_steps} measured)"),
+            ("loss", f"{self.first_loss:.4f} -> {self.final_loss:.4f}"),
+            ("samples/s", f"{self.samples_per_s:.2f}"),
+            ("tokens/s", "n/a" if self.tokens_per_s is None else f"{self.tokens_per_s:,.0f}"),
+            ("MFU", "n/a" if self.mfu is None else f"{100 * self.mfu:.1f}%"),
+            ("step time", f"{1000 * self.step_time_s:.1f} ms"),
+        ]
+        total = max(self.step_time_s, 1e-12)
+        for name, seconds in self.breakdown_s.items():
+            rows.append((f"  {name}", f"{1000 * seconds:.1f} ms ({100 * seconds / total:.0f}%)"))
+        rows.append(("h2d (overlapped)", f"{1000 * self.h2d_s:.1f} ms"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> RunSummary:
+    """Throughput over all but the first `skip` records (all of them if fewer), losses over all."""
+    if not records:
+        raise ValueError("no steps were recorded")
+    measured = records[skip:] if len(records) > skip else records
+    n = len(measured)
+    step_time = sum(r.step_time_s for r in measured) / n
+    rates = throughput.record(0, 0.0, 0.0, None, {"step": step_time, **dict.fromkeys(PHASES, 0.0)})
+    in_step = [name for name in PHASES if name != "h2d"]
+    breakdown = {name: sum(getattr(r, f"{name}_s") for r in measured) / n for name in in_step}
+    breakdown["other"] = max(0.0, step_time - sum(breakdown.values()))
+    return RunSummary(
+        steps=records[-1].step,
+        measured_steps=n,
+        first_loss=_mean([r.loss for r in records[:10]]),
+        final_loss=_mean([r.loss for r in records[-10:]]),
+        samples_per_s=rates.samples_per_s,
+        tokens_per_s=rates.tokens_per_s,
+        mfu=rates.mfu,
+        step_time_s=step_time,
+        breakdown_s=breakdown,
+        h2d_s=sum(r.h2d_s for r in measured) / n,
+    )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+class MetricsLogger:
+    """Writes records as they are flushed: JSONL, TensorBoard, progress bar (main process only)."""
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        total_steps: int,
+        start_step: int,
+        enabled: bool,
+        progress: bool,
+        tensorboard: bool,
+    ) -> None:
+        self.records: list[StepRecord] = []
+        self.enabled = enabled
+        self.out_dir = Path(out_dir)
+        self._jsonl = None
+        self._tb = None
+        self._bar = None
+        if not enabled:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.out_dir / "metrics.jsonl", "a" if start_step else "w")  # noqa: SIM115
+        if tensorboard:
+            self._tb = _tensorboard_writer(self.out_dir / "tensorboard")
+        if progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def log(self, records: list[StepRecord]) -> None:
+        """Record a flushed window of steps."""
+        self.records.extend(records)
+        if not self.enabled or not records:
+            return
+        for r in records:
+            self._jsonl.write(json.dumps(_finite(asdict(r))) + "\n")
+            if self._tb is not None:
+                for key, value in asdict(r).items():
+                    if key != "step" and value is not None:
+                        self._tb.add_scalar(f"train/{key}", value, r.step)
+        self._jsonl.flush()
+        if self._bar is not None:
+            last = records[-1]
+            self._bar.set_postfix(
+                loss=f"{last.loss:.4f}", samples_s=f"{last.samples_per_s:.1f}", refresh=False
+            )
+            self._bar.update(last.step - self._bar.n)
+
+    def close(self) -> None:
+        """Flush and close outputs."""
+        if self._bar is not None:
+            self._bar.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    # JSON has no NaN/inf; write them as strings so every line stays valid JSON.
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def _tensorboard_writer(path: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.info(
+            "tensorboard is not installed; skipping TensorBoard logs (pip install gr00t-train[tensorboard])"
+        )
+        return None
+    return SummaryWriter(str(path))

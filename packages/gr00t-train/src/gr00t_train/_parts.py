@@ -1,0 +1,74 @@
+"""The small interfaces the training loop runs against. The builder (`_build`) fills them from the
+sibling packages; tests fill them with tiny stand-ins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+Batch = dict[str, Any]
+"""A training batch: tensors on the training device, plus `episode_index` for error messages."""
+
+
+class BatchSource(Protocol):
+    """An endless, resumable stream of batches on the training device."""
+
+    def __next__(self) -> Batch:
+        """The next batch."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position after the last batch returned (not the read-ahead), for exact resumption."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a position returned by `state_dict`."""
+        ...
+
+    def timings(self) -> dict[str, float]:
+        """Seconds spent since the last call in work measured by the source itself (`h2d`)."""
+        ...
+
+    def close(self) -> None:
+        """Stop background work and release resources."""
+        ...
+
+
+@dataclass
+class TrainParts:
+    """Everything model- and data-specific that the loop needs."""
+
+    model: nn.Module
+    """The model, on the training device (frozen parameters have requires_grad=False)."""
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
+    """Scalar training loss of one microbatch, given the (possibly wrapped) module to call."""
+    data: BatchSource
+    """Where batches come from."""
+    save_model: Callable[[nn.Module, Path], None]
+    """Write the model's weights (and config) into a folder."""
+    load_model: Callable[[nn.Module, Path], None]
+    """Load what `save_model` wrote into an existing model, in place."""
+    flops_per_sample: float | None = None
+    """Analytic training FLOPs of one sample (forward + backward), for MFU."""
+    tokens_per_sample: float | None = None
+    """Tokens one sample puts through the model, for tokens/s."""
+    draw: Callable[[Batch], dict[str, torch.Tensor]] | None = None
+    """Random inputs of one microbatch (flow-matching time and noise), drawn eagerly outside any graph
+    and merged into the batch, so graphed and eager runs consume the same random stream."""
+    close: Callable[[], None] | None = None
+    """Called once when training ends (after `data.close()`)."""
+
+
+def episode_ids(batch: Batch) -> list[int] | None:
+    """The episode index of every sample of a batch, when the batch carries it."""
+    ids = batch.get("episode_index")
+    if ids is None:
+        return None
+    if isinstance(ids, torch.Tensor):
+        return [int(i) for i in ids.reshape(-1).tolist()]
+    return [int(i) for i in ids]

@@ -1,0 +1,41 @@
+"""One training run end to end: process group, parts from the sibling packages, the loop, the report."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ._config import TrainConfig
+from ._distributed import init_distributed, shutdown_distributed
+from ._metrics import RunSummary
+from ._trainer import Trainer
+
+
+def run_training(cfg: TrainConfig) -> RunSummary | None:
+    """Train as `cfg` says (under torchrun: one process per GPU); returns the summary on rank 0."""
+    from ._build import build_parts
+
+    env = init_distributed(cfg.device)
+    if env.device.type == "cpu":
+        share_cpu_cores(cfg)
+    if not env.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # one voice: rank 0 logs
+    try:
+        parts = build_parts(cfg, env)
+        summary = Trainer(cfg, parts, env).fit()
+    finally:
+        shutdown_distributed(env)
+    return summary if env.is_main else None
+
+
+def share_cpu_cores(cfg: TrainConfig) -> None:
+    """CPU training: leave a core to each data worker. More compute threads than free cores makes torch's
+    thread pool spin against the workers (measured 30x slower on a busy 2-core machine). The count does not
+    depend on the data mode, so sync and async runs compute with the same threads."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    workers = cfg.data.num_workers
+    threads = max(1, (os.cpu_count() or 1) // ranks_here - workers)
+    torch.set_num_threads(threads)
+    logging.getLogger(__name__).info("CPU training: %d compute thread(s) per rank", threads)

@@ -1,0 +1,80 @@
+"""Where each step's time goes. On CUDA the phases are timed with events on the compute stream, so a phase
+measures how long the GPU spent in it (for `data_wait` and `comm`: how long the GPU sat idle waiting); on
+CPU with the host clock. Events are read only when the caller asks (at log time), never forcing a sync."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+PHASES = ("data_wait", "h2d", "compute", "comm", "optimizer")
+
+
+class StepTimes:
+    """The timings of one step; `seconds()` resolves them (synchronizing on CUDA events if needed)."""
+
+    def __init__(self, nested: dict[str, str] | None = None) -> None:
+        self._nested = nested or {}
+        self._host: dict[str, float] = {}
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per phase, plus `step` (the whole step)."""
+        out = dict.fromkeys((*PHASES, "step"), 0.0)
+        for name, value in self._host.items():
+            out[name] = out.get(name, 0.0) + value
+        for name, start, end in self._events:
+            end.synchronize()
+            out[name] = out.get(name, 0.0) + start.elapsed_time(end) / 1000.0
+        for inner, outer in self._nested.items():  # report the outer phase without the inner one
+            out[outer] = max(0.0, out[outer] - out[inner])
+        return out
+
+
+class StepTimer:
+    """Times the phases of consecutive steps."""
+
+    def __init__(self, device: torch.device, nested: dict[str, str] | None = None) -> None:
+        """`nested` maps a phase timed inside another to that outer phase (e.g. comm inside compute)."""
+        self.cuda = device.type == "cuda"
+        self._nested = nested or {}
+        self._current = StepTimes(self._nested)
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _store(self, name: str, start, end) -> None:
+        if self.cuda:
+            self._current._events.append((name, start, end))
+        else:
+            self._current._host[name] = self._current._host.get(name, 0.0) + (end - start)
+
+    def begin_step(self) -> None:
+        """Start timing a new step."""
+        self._current = StepTimes(self._nested)
+        self._step_start = self._mark()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the enclosed block as `name`."""
+        start = self._mark()
+        try:
+            yield
+        finally:
+            self._store(name, start, self._mark())
+
+    def add(self, name: str, seconds: float) -> None:
+        """Add a duration measured elsewhere (for example the pipeline's host-to-device copy)."""
+        self._current._host[name] = self._current._host.get(name, 0.0) + seconds
+
+    def end_step(self) -> StepTimes:
+        """Finish the step; returns its (possibly still unresolved) times."""
+        self._store("step", self._step_start, self._mark())
+        return self._current

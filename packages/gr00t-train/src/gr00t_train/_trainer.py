@@ -1,0 +1,252 @@
+"""The training loop: schedule, data, step, gradient sync, optimizer, metrics, checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .__about__ import __version__
+from ._checkpoint import Checkpointer
+from ._comm import build_comm
+from ._config import TrainConfig
+from ._config_io import config_to_dict, write_config_json
+from ._distributed import DistEnv
+from ._errors import BatchTooLargeError, ConfigError, NonFiniteLossError
+from ._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
+from ._parts import Batch, TrainParts, episode_ids
+from ._rng import rng_state, seed_everything, set_rng_state
+from ._schedule import CosineSchedule
+from ._step import graphed_runner
+from ._timing import StepTimer, StepTimes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A finished step whose loss and timings are still on the device."""
+
+    step: int
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+    episode_index: list[Any]
+    times: StepTimes
+
+
+def configure_backends(cfg: TrainConfig) -> None:
+    """TF32 and cuDNN autotuning as the switches say."""
+    torch.backends.cuda.matmul.allow_tf32 = cfg.optimizations.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.optimizations.tf32
+    torch.backends.cudnn.benchmark = cfg.optimizations.cudnn_benchmark
+
+
+class Trainer:
+    """Trains `parts` as `cfg` says, on the process group and device of `env`."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        parts: TrainParts,
+        env: DistEnv,
+    ) -> None:
+        self.cfg, self.parts, self.env = cfg, parts, env
+        configure_backends(cfg)
+        seed_everything(cfg.seed + env.rank)
+        self.comm = build_comm(parts.model, cfg, env)
+        self.timer = StepTimer(env.device, nested={"comm": "compute"})
+        self.run_step, self.graphed_step = graphed_runner(cfg, parts, self.comm, self._timed)
+        self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
+        self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
+        self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
+        device_name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
+        self.throughput = Throughput(
+            self.global_batch,
+            parts.tokens_per_sample,
+            parts.flops_per_sample,
+            peak_flops_for(device_name, cfg.logging.peak_tflops),
+        )
+        self.step = 0
+        self.samples_seen = 0
+        self.out_dir = Path(cfg.output_dir)
+
+    # ------------------------------------------------------------------------------------------- run
+    def fit(self) -> RunSummary:
+        """Train to `cfg.steps` (resuming first if asked); returns the summary of this session."""
+        if self.env.is_main:
+            write_config_json(self.cfg, self.out_dir / "config.json")
+        self.checkpointer.remove_partial()
+        self.env.barrier()
+        self._maybe_resume()
+        start = self.step
+        metrics = MetricsLogger(
+            self.out_dir,
+            total_steps=self.cfg.steps,
+            start_step=start,
+            enabled=self.env.is_main,
+            progress=self.cfg.logging.progress,
+            tensorboard=self.cfg.logging.tensorboard,
+        )
+        try:
+            self._loop(metrics)
+        finally:
+            metrics.close()
+            self.parts.data.close()
+            if self.parts.close is not None:
+                self.parts.close()
+        if not metrics.records:
+            raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")
+        summary = summarize(metrics.records, self.cfg.logging.summary_skip, self.throughput)
+        if self.env.is_main:
+            self._write_report(summary)
+        return summary
+
+    def _timed(self, sync) -> None:
+        with self.timer.phase("comm"):
+            sync()
+
+    def _loop(self, metrics: MetricsLogger) -> None:
+        cfg = self.cfg
+        timer = self.timer
+        pending: list[_Pending] = []
+        for step in range(self.step, cfg.steps):
+            timer.begin_step()
+            lr = self.schedule.apply(self.comm.optimizer, step)
+            with timer.phase("data_wait"):
+                microbatches = [next(self.parts.data) for _ in range(cfg.optim.grad_accum)]
+            for name, seconds in self.parts.data.timings().items():
+                timer.add(name, seconds)
+            try:
+                loss, grad_norm = self._step(microbatches, timer)
+            except torch.cuda.OutOfMemoryError as err:
+                raise BatchTooLargeError(
+                    step + 1, cfg.data.batch_size, cfg.optim.grad_accum, str(self.env.device), str(err)
+                ) from err
+            ids = [b.get("episode_index") for b in microbatches]
+            self.step = step + 1
+            self.samples_seen += self.global_batch
+            pending.append(_Pending(self.step, loss, grad_norm, lr, ids, timer.end_step()))
+            save_now = self._save_due()
+            if self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now:
+                metrics.log(self._flush(pending))
+                pending = []
+            if save_now:
+                self.save()
+
+    def _step(self, microbatches: list[Batch], timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
+        # Gradients are zeroed by the step runner at its start; the sync runs inside it (timed as comm).
+        with timer.phase("compute"):
+            loss = self.run_step(microbatches)
+        with timer.phase("optimizer"):
+            grad_norm = self.comm.clip_grad_norm(self.cfg.optim.grad_clip)
+            self.comm.optimizer.step()
+        return loss, grad_norm
+
+    def _save_due(self) -> bool:
+        every = self.cfg.checkpoint.every
+        final = self.step == self.cfg.steps and self.cfg.checkpoint.save_final
+        return final or (every > 0 and self.step % every == 0)
+
+    # ------------------------------------------------------------------------------- flush and check
+    def _flush(self, pending: list[_Pending]) -> list[StepRecord]:
+        """One host sync for a window of steps: global losses, non-finite check, records."""
+        local = torch.stack([p.loss for p in pending]).float()
+        global_loss = self.env.all_reduce_mean(local.clone()).cpu().tolist()
+        local = local.cpu().tolist()
+        norms = torch.stack([p.grad_norm.float() for p in pending]).cpu().tolist()
+        for p, value, mine in zip(pending, global_loss, local):
+            if not math.isfinite(value):
+                ids = _flat_ids(p.episode_index) if not math.isfinite(mine) else None
+                raise NonFiniteLossError(
+                    p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank
+                )
+        return [
+            self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
+            for p, loss, norm in zip(pending, global_loss, norms)
+        ]
+
+    # ---------------------------------------------------------------------------------- checkpoints
+    def save(self) -> Path:
+        """Write a checkpoint of the current step (every rank must call this)."""
+        trainer_state = {
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+            "world_size": self.env.world_size,
+            "global_batch": self.global_batch,
+            "schedule": asdict(self.schedule),
+            "gr00t_train_version": __version__,
+        }
+        rank_state = {"rng": rng_state(self.env.device), "data": self.parts.data.state_dict()}
+        return self.checkpointer.save(
+            self.step,
+            write_model=lambda folder: self.parts.save_model(self.parts.model, folder),
+            optimizer_state=self.comm.optimizer.state_dict(),
+            rank_state=rank_state,
+            trainer_state=trainer_state,
+            config=config_to_dict(self.cfg),
+        )
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.checkpoint.resume
+        if not resume:
+            return
+        path = self.checkpointer.latest() if resume == "auto" else Path(resume)
+        if path is None:
+            log.info(
+                "checkpoint.resume=auto: no checkpoint in %s yet, starting fresh", self.checkpointer.root
+            )
+            return
+        loaded = self.checkpointer.load(path)
+        state = loaded.trainer_state
+        if state.get("global_batch") != self.global_batch or state.get("world_size") != self.env.world_size:
+            log.warning(
+                "resuming %s written with world size %s and global batch %s, now %d and %d: "
+                "the run continues but will not follow the original trajectory exactly",
+                path,
+                state.get("world_size"),
+                state.get("global_batch"),
+                self.env.world_size,
+                self.global_batch,
+            )
+        self.parts.load_model(self.parts.model, path)
+        if loaded.optimizer_state is not None:
+            self.comm.optimizer.load_state_dict(loaded.optimizer_state)
+        set_rng_state(loaded.rank_state["rng"], self.env.device)
+        self.parts.data.load_state_dict(loaded.rank_state["data"])
+        self.step = int(state["step"])
+        self.samples_seen = int(state.get("samples_seen", self.step * self.global_batch))
+        log.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------------------------- report
+    def _write_report(self, summary: RunSummary) -> None:
+        (self.out_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        if self.cfg.logging.plots:
+            from ._plots import write_plots
+
+            history = _read_history(self.out_dir / "metrics.jsonl")
+            write_plots(history, summary, self.out_dir)
+
+
+def _flat_ids(per_microbatch: list[Any]) -> list[int] | None:
+    ids: list[int] = []
+    for item in per_microbatch:
+        if item is None:
+            return None
+        ids += episode_ids({"episode_index": item}) or []
+    return ids
+
+
+def _read_history(path: Path) -> list[StepRecord]:
+    """Every step of the run so far (earlier sessions included), last write of a step winning."""
+    by_step: dict[int, StepRecord] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            row = {k: (float(v) if isinstance(v, str) else v) for k, v in json.loads(line).items()}
+            by_step[int(row["step"])] = StepRecord(**row)
+    return [by_step[s] for s in sorted(by_step)]

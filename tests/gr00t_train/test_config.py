@@ -1,0 +1,138 @@
+"""Config: files, overrides, typed parsing, validation messages, presets, resolved JSON."""
+
+from __future__ import annotations
+
+import json
+
+import gr00t_train
+import pytest
+from gr00t_train import ConfigError, TrainConfig, apply_overrides, load_config
+
+
+def test_defaults_and_presets_are_valid() -> None:
+    assert TrainConfig().optimizations.graph == "eager"
+    demo, libero = gr00t_train.demo_config(), gr00t_train.libero_config()
+    assert demo.model.preset == "tiny" and demo.optimizations.data == "async"
+    assert libero.model.preset == "n1.6-3b" and libero.data.batch_size == 16
+    assert libero.data.cameras == ["image", "wrist_image"]
+    assert set(gr00t_train.PRESETS) == {"demo", "libero"}
+
+
+def test_toml_and_yaml_files_give_the_same_config(tmp_path) -> None:
+    (tmp_path / "run.toml").write_text(
+        'preset = "libero"\nsteps = 50\n[optim]\nlr = 3e-4\nbetas = [0.9, 0.95]\n'
+        '[optimizations]\ncomm = "zero1_overlap"\ngraph = "full_iteration"\n[data]\ncameras = ["front"]\n'
+    )
+    (tmp_path / "run.yaml").write_text(
+        "preset: libero\nsteps: 50\noptim: {lr: 3.0e-4, betas: [0.9, 0.95]}\n"
+        "optimizations: {comm: zero1_overlap, graph: full_iteration}\ndata: {cameras: [front]}\n"
+    )
+    a, b = load_config(tmp_path / "run.toml"), load_config(tmp_path / "run.yaml")
+    assert a == b
+    assert a.optim.betas == (0.9, 0.95) and a.optim.lr == 3e-4 and a.steps == 50
+    assert a.model.preset == "n1.6-3b"  # the rest comes from the preset
+    assert a.optimizations.fused_optimizer is True
+
+
+@pytest.mark.parametrize(
+    ("override", "path", "expected"),
+    [
+        ("optim.lr=1e-3", ("optim", "lr"), 1e-3),
+        ("steps=7", ("steps",), 7),
+        ("optimizations.tf32=false", ("optimizations", "tf32"), False),
+        ("optimizations.fused_optimizer=0", ("optimizations", "fused_optimizer"), False),
+        ("data.cameras=front,wrist", ("data", "cameras"), ["front", "wrist"]),
+        ("data.cameras=[front, wrist]", ("data", "cameras"), ["front", "wrist"]),
+        ('data.cameras=["a"]', ("data", "cameras"), ["a"]),
+        ("data.cameras=none", ("data", "cameras"), None),
+        ("model.action_horizon=16", ("model", "action_horizon"), 16),
+        ("optim.betas=0.8,0.9", ("optim", "betas"), (0.8, 0.9)),
+        ("logging.peak_tflops=989", ("logging", "peak_tflops"), 989.0),
+        ("checkpoint.resume=auto", ("checkpoint", "resume"), "auto"),
+    ],
+)
+def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected) -> None:
+    cfg = apply_overrides(TrainConfig(), [override])
+    value = cfg
+    for part in path:
+        value = getattr(value, part)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "optimizations.comm=nccl",
+            "optimizations.comm: 'nccl' is not one of the allowed values: "
+            "allreduce_after_backward, ddp, overlap, zero1_overlap",
+        ),
+        (
+            "optimizations.graph=cuda",
+            "optimizations.graph: 'cuda' is not one of the allowed values: "
+            "eager, full_iteration, per_microbatch",
+        ),
+        (
+            "optimizations.data=threads",
+            "optimizations.data: 'threads' is not one of the allowed values: sync, async",
+        ),
+        ("optim.lr=0", "optim.lr: must be > 0"),
+        ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),
+        ("data.batch_size=0", "data.batch_size: must be >= 1"),
+        ("data.batch_size=2.5", "data.batch_size: expected an integer"),
+        ("optimizations.tf32=maybe", "optimizations.tf32: expected true or false"),
+        ("optim.warmup_ratio=1.5", "optim.warmup_ratio: must be in [0, 1)"),
+        ("data.cameras=a,a", "data.cameras: lists a key twice"),
+        ("optim.learning_rate=1", "optim.learning_rate: unknown setting; allowed here: betas,"),
+        ("precision=fp16", "precision: 'fp16' is not one of the allowed values: auto, bf16, fp32"),
+        ("optim=1", "optim: expected a table of settings"),
+        ("lr", "must look like section.field=value"),
+    ],
+)
+def test_bad_values_name_the_field_and_allowed_values(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(TrainConfig(), [override])
+    assert message in str(info.value)
+
+
+def test_constructor_validates_too() -> None:
+    with pytest.raises(ConfigError, match="comm: 'x' is not one of the allowed values"):
+        gr00t_train.OptimizationsConfig(comm="x")
+    with pytest.raises(ConfigError, match="grad_accum: must be >= 1"):
+        gr00t_train.OptimConfig(grad_accum=0)
+
+
+def test_graphs_need_a_graph_aware_comm_mode() -> None:
+    with pytest.raises(ConfigError, match="optimizations.graph: 'per_microbatch' cannot run with comm='ddp'"):
+        apply_overrides(TrainConfig(), ["optimizations.comm=ddp", "optimizations.graph=per_microbatch"])
+    cfg = apply_overrides(TrainConfig(), ["optimizations.comm=overlap", "optimizations.graph=full_iteration"])
+    assert cfg.optimizations.graph == "full_iteration"
+
+
+def test_file_errors_are_clear(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "bad.ini").write_text("x=1")
+    with pytest.raises(ConfigError, match="unknown config format '.ini'"):
+        load_config(tmp_path / "bad.ini")
+    (tmp_path / "broken.toml").write_text("steps = = 3")
+    with pytest.raises(ConfigError, match="broken.toml: cannot parse"):
+        load_config(tmp_path / "broken.toml")
+    (tmp_path / "typo.yaml").write_text("optim:\n  lrr: 1\n")
+    with pytest.raises(ConfigError, match="optim.lrr: unknown setting"):
+        load_config(tmp_path / "typo.yaml")
+    with pytest.raises(ConfigError, match="preset: 'fast' is not one of the allowed values: demo, libero"):
+        load_config(preset="fast")
+
+
+def test_resolved_json_round_trips(tmp_path) -> None:
+    cfg = load_config(preset="demo", overrides=["optim.lr=2e-3", "data.cameras=none", "model.tune_llm=true"])
+    path = gr00t_train._config_io.write_config_json(cfg, tmp_path / "config.json")
+    assert json.loads(path.read_text())["optim"]["lr"] == 2e-3
+    assert load_config(path) == cfg
+
+
+def test_overrides_do_not_mutate_the_base() -> None:
+    base = TrainConfig()
+    apply_overrides(base, ["data.batch_size=3", "optim.lr=1"])
+    assert base.data.batch_size == 16 and base.optim.lr == 1e-4

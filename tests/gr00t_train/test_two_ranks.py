@@ -1,0 +1,102 @@
+"""Two processes under torchrun on CPU (gloo): same code path as one GPU per process with NCCL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+STANDINS = Path(__file__).with_name("standins.py")
+
+_WORKER = """
+import importlib.util, sys
+from pathlib import Path
+import torch
+spec = importlib.util.spec_from_file_location("gr00t_train_standins", {standins!r})
+standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = standins; spec.loader.exec_module(standins)
+import gr00t_train
+torch.set_num_threads(1)
+env = gr00t_train.init_distributed("cpu")
+overrides = dict(steps=6, checkpoint__every=3, logging__every=2, optimizations__comm="zero1_overlap")
+if len(sys.argv) > 1:
+    overrides["checkpoint__resume"] = sys.argv[1]
+cfg = standins.small_config(Path({tmp!r}), **overrides)
+parts = standins.make_parts(rank=env.rank)
+trainer = gr00t_train.Trainer(cfg, parts, env)
+trainer.fit()
+flat = torch.cat([p.detach().flatten() for p in parts.model.parameters()])
+torch.save(flat, Path({tmp!r}) / f"params-rank{{env.rank}}.pt")
+gr00t_train.shutdown_distributed(env)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(script: Path, *args: str) -> None:
+    # An explicit free port: torchrun's static rendezvous does not pick one itself (port 0 hangs).
+    port = str(_free_port())
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        str(script),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
+        out, _ = proc.communicate()
+        raise AssertionError("torchrun timed out:\n" + out[-3000:]) from None
+    assert proc.returncode == 0, out[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_rank_run_checkpoints_and_resumes(tmp_path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(_WORKER.format(standins=str(STANDINS), tmp=str(tmp_path))))
+    _torchrun(script)
+    a, b = (torch.load(tmp_path / f"params-rank{r}.pt") for r in (0, 1))
+    assert torch.equal(a, b)  # data-parallel ranks end with identical weights
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))  # written once, by rank 0
+    ck = run / "checkpoints" / "step_000003"
+    assert {p.name for p in ck.iterdir()} >= {
+        "rank00000.pt",
+        "rank00001.pt",
+        "optimizer.pt",
+        "model.safetensors",
+    }
+    state = json.loads((ck / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["global_batch"] == 8
+    # Each rank kept its own data position and random state.
+    r0, r1 = (torch.load(ck / f"rank0000{r}.pt", weights_only=True) for r in (0, 1))
+    assert r0["data"] == r1["data"] == {"position": 3}
+    assert not torch.equal(r0["rng"]["torch_cpu"], r1["rng"]["torch_cpu"])
+
+    # Resume both ranks from step 3: the same final weights as the uninterrupted run, bit for bit.
+    _torchrun(script, str(ck))
+    assert torch.equal(torch.load(tmp_path / "params-rank0.pt"), a)
+    assert torch.equal(torch.load(tmp_path / "params-rank1.pt"), a)

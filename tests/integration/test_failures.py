@@ -1,0 +1,156 @@
+"""Bad input stops `gr00t-train` early with a message that names the culprit; a run killed while saving
+leaves the previous checkpoint intact; two processes train together under torchrun (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from gr00t_train.cli import main
+
+
+def _run_cli(argv, capsys) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_missing_dataset(tmp_path, train_args, capsys) -> None:
+    code, err = _run_cli(train_args(tmp_path / "nowhere", tmp_path / "run"), capsys)
+    assert code == 2 and f"data.dataset: {tmp_path / 'nowhere'} is not a directory" in err
+
+
+def test_missing_dataset_file(dataset_copy, tmp_path, train_args, capsys) -> None:
+    (dataset_copy / "meta" / "info.json").unlink()
+    code, err = _run_cli(train_args(dataset_copy, tmp_path / "run"), capsys)
+    assert code == 2 and "cannot use dataset" in err and "meta/info.json" in err
+
+
+def test_missing_video_file(dataset_copy, tmp_path, train_args, capsys) -> None:
+    video = next(dataset_copy.glob("videos/**/episode_000001.mp4"))
+    video.unlink()
+    code, err = _run_cli(train_args(dataset_copy, tmp_path / "run"), capsys)
+    assert code == 2 and "cannot use dataset" in err
+    assert "episode_000001.mp4" in err and "episode 1" in err and "observation.images." in err
+
+
+def test_missing_statistics_for_a_normalized_key(dataset_copy, tmp_path, train_args, capsys) -> None:
+    stats_path = dataset_copy / "meta" / "stats.json"
+    stats = json.loads(stats_path.read_text())
+    del stats["action"]
+    stats_path.write_text(json.dumps(stats))
+    code, err = _run_cli(train_args(dataset_copy, tmp_path / "run"), capsys)
+    assert code == 2 and "stats.json" in err and "'action'" in err
+    assert "every normalized key needs min/max" in err
+
+
+def test_unknown_camera(dataset, tmp_path, train_args, capsys) -> None:
+    code, err = _run_cli(train_args(dataset, tmp_path / "run", "data.cameras=[image, front]"), capsys)
+    assert code == 2
+    assert "data.cameras: camera 'front' is not in dataset" in err and "image, wrist_image" in err
+
+
+def test_unknown_joint_group(dataset, tmp_path, train_args, capsys) -> None:
+    code, err = _run_cli(train_args(dataset, tmp_path / "run", "data.action_keys=[gripper, wheel]"), capsys)
+    assert code == 2 and "data.action_keys: ['wheel'] not in" in err and "eef_delta_pos" in err
+
+
+def test_nan_in_the_data_stops_with_step_and_episodes(dataset_copy, tmp_path, train_args, capsys) -> None:
+    # Episode 1's actions become NaN after the statistics were computed.
+    path = next(dataset_copy.glob("data/**/episode_000001.parquet"))
+    table = pq.read_table(path)
+    actions = [[float("nan")] * len(row) for row in table.column("action").to_pylist()]
+    column = table.schema.get_field_index("action")
+    import pyarrow as pa
+
+    table = table.set_column(column, "action", pa.array(actions, type=table.schema.field("action").type))
+    pq.write_table(table, path)
+    code, err = _run_cli(train_args(dataset_copy, tmp_path / "run", "steps=12"), capsys)
+    assert code == 1 and "loss is nan at step" in err
+    ids = json.loads(err.split("episode ids ")[1].split("]")[0] + "]")
+    assert 1 in ids and len(ids) == 4
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+_KILLED = """
+import sys, time
+from pathlib import Path
+import gr00t_train._checkpoint as ck
+from gr00t_train.cli import main
+
+real = ck._fsync_tree
+saves = []
+def fsync_then_hang(folder):
+    real(folder)
+    saves.append(folder)
+    if len(saves) == 2:  # the second checkpoint is complete on disk but not yet renamed into place
+        Path({marker!r}).write_text(str(folder))
+        time.sleep(600)
+ck._fsync_tree = fsync_then_hang
+sys.exit(main({argv!r}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train_args, losses) -> None:
+    out = tmp_path / "run"
+    argv = train_args(dataset, out, "checkpoint.every=2", "steps=4")
+    marker = tmp_path / "SAVING"
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(_KILLED.format(marker=str(marker), argv=argv)))
+    proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 200
+        while not marker.exists():
+            assert proc.poll() is None, "training ended before its second checkpoint"
+            assert time.monotonic() < deadline, "the second checkpoint never started"
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    root = out / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [".tmp-step_000004", "step_000002"]
+
+    # The resumed run picks step 2, removes the half-published save and finishes.
+    assert main([*argv, "--resume"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002", "step_000004"]
+    assert sorted(losses(out)) == [1, 2, 3, 4]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
+    out = tmp_path / "run"
+    argv = train_args(dataset, out, "steps=3", "checkpoint.every=3", "optimizations.comm=overlap")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(_free_port()), "-m", "gr00t_train", *argv]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
+        output, _ = proc.communicate()
+        raise AssertionError("torchrun timed out:\n" + output[-3000:]) from None
+    assert proc.returncode == 0, output[-5000:]
+    assert sorted(losses(out)) == [1, 2, 3]
+    ck = out / "checkpoints" / "step_000003"
+    assert (ck / "rank00000.pt").is_file() and (ck / "rank00001.pt").is_file()
+    state = json.loads((ck / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["global_batch"] == 8
+    assert "rank 0 of 2" in output
