@@ -3,12 +3,19 @@
 Four processes join one default group; sub-groups of the first k ranks (k = 1..4) give every world size,
 each also as a deferred (fake) group. `pool.run(name, world_size, **kwargs)` calls
 `_overlap_workers.<name>(ctx, **kwargs)` on ranks < world_size and returns their results in rank order.
+
+Gloo's TCP transport (torch 2.14) can livelock on a loaded 2-core machine: two ranks spin on EPOLLOUT while
+their writers sit in a blocking writev, and a 5-second task crawls for many minutes (seen with py-spy and
+strace in full-suite runs, never in isolation). So every task has one deadline for all its answers; past it,
+the pool dumps the workers' stacks, starts fresh processes and runs the task once more, with a warning. A
+task that hangs twice fails. Answers carry their task's number, so a late answer never reaches another task.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import io
+import itertools
 import multiprocessing as mp
 import os
 import queue
@@ -16,13 +23,14 @@ import signal
 import tempfile
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 MAX_WORLD = 4
-RESULT_TIMEOUT_S = 150
+TASK_TIMEOUT_S = 120  # every task takes seconds; the slowest about 20 s on 2 busy cores
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)  # a hung collective errors out before the pool gives up
 
 
@@ -66,20 +74,22 @@ def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
         task = tasks.get()
         if task is None:
             break
-        name, world_size, kwargs = task
+        number, name, world_size, kwargs = task
         try:
             value = None
             if rank < world_size:
                 ctx = Ctx(rank, world_size, groups[world_size], deferred[world_size])
                 value = getattr(_overlap_workers, name)(ctx, **kwargs)
-            results.put((rank, True, _dumps(value)))
+            results.put((number, rank, True, _dumps(value)))
         except BaseException:  # report everything, keep serving
-            results.put((rank, False, traceback.format_exc()))
+            results.put((number, rank, False, traceback.format_exc()))
     dist.destroy_process_group()
 
 
 class WorkerPool:
-    def __init__(self) -> None:
+    def __init__(self, task_timeout_s: float = TASK_TIMEOUT_S) -> None:
+        self.task_timeout_s = task_timeout_s
+        self._numbers = itertools.count()
         self._start()
 
     def _start(self) -> None:
@@ -96,25 +106,33 @@ class WorkerPool:
             proc.start()
 
     def run(self, name: str, world_size: int, **kwargs: Any) -> list[Any]:
+        try:
+            return self._run_once(name, world_size, kwargs)
+        except _Hung as hung:
+            warnings.warn(f"{hung}; retrying once on fresh worker processes", stacklevel=2)
+        try:
+            return self._run_once(name, world_size, kwargs)
+        except _Hung as hung:
+            raise TimeoutError(f"{hung}, twice") from None
+
+    def _run_once(self, name: str, world_size: int, kwargs: dict[str, Any]) -> list[Any]:
+        number = next(self._numbers)
         for tasks in self._tasks:
-            tasks.put((name, world_size, kwargs))
+            tasks.put((number, name, world_size, kwargs))
+        deadline = time.monotonic() + self.task_timeout_s
         got: dict[int, Any] = {}
         errors = []
-        for _ in range(MAX_WORLD):
+        while len(got) + len(errors) < MAX_WORLD:
             try:
-                rank, ok, payload = self._results.get(timeout=RESULT_TIMEOUT_S)
+                answer, rank, ok, payload = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                # Dump every worker's stack (faulthandler, to stderr) for the report, then start a fresh
-                # pool so that one hung collective fails one test instead of every test after it.
-                for proc in self._procs:
-                    if proc.is_alive() and proc.pid is not None:
-                        os.kill(proc.pid, signal.SIGUSR1)
-                time.sleep(2)
-                self._restart()
-                raise TimeoutError(
-                    f"{name} at world size {world_size}: no answer in {RESULT_TIMEOUT_S} s (worker stacks "
-                    "were written to stderr; the pool was restarted)"
+                self._dump_stacks_and_restart()
+                raise _Hung(
+                    f"{name} at world size {world_size}: no answer in {self.task_timeout_s} s (worker stacks were "
+                    "written to stderr)"
                 ) from None
+            if answer != number:
+                continue  # a late answer to an abandoned task
             if ok:
                 got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
             else:
@@ -122,6 +140,13 @@ class WorkerPool:
         if errors:
             raise WorkerError(f"{name} at world size {world_size} failed:\n" + "\n".join(errors))
         return [got[r] for r in range(world_size)]
+
+    def _dump_stacks_and_restart(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack to stderr
+        time.sleep(2)
+        self._restart()
 
     def _restart(self) -> None:
         for proc in self._procs:
@@ -138,6 +163,10 @@ class WorkerPool:
             if proc.is_alive():
                 proc.kill()
         self._dir.cleanup()
+
+
+class _Hung(Exception):
+    """A task got no complete answer before its deadline."""
 
 
 class WorkerError(AssertionError):
