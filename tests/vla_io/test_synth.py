@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import vla_io
 from vla_io import SynthConfig, read_frame_marker
+from vla_io._video_write import VideoWriter
 
 
 def test_v21_layout_files(synth_root):
@@ -112,3 +114,16 @@ def test_refuses_to_overwrite(tmp_path):
 def test_marker_rejects_unmarked_frames():
     with pytest.raises(ValueError, match="marker"):
         read_frame_marker(np.full((64, 64, 3), 128, np.uint8))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no POSIX thread scheduling here")
+@pytest.mark.parametrize("codec", ["av1", "h264"])
+def test_encoding_leaves_the_thread_scheduling_alone(tmp_path, codec):
+    # SVT-AV1 lifts the calling thread to SCHED_FIFO 99 where it may (as root); spawned workers then inherit
+    # it and a spinning thread can starve the machine. The writer must put the policy back.
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    with VideoWriter(tmp_path / "v.mp4", codec, fps=10, width=64, height=64) as writer:
+        for i in range(4):
+            writer.write(np.full((64, 64, 3), i * 40, np.uint8))
+            assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before

@@ -17,6 +17,25 @@ CODECS = {
 }
 
 
+class _KeepThreadScheduling:
+    """Undo what SVT-AV1 does to the calling thread: where it may (as root), it switches the thread that
+    opens or drives the encoder to real-time SCHED_FIFO priority 99. Left so, every process spawned later
+    inherits it, and one spinning thread (a gloo transport loop, say) then owns a core that same-priority
+    threads never get back; on 2 cores that froze our test runs. Call `restore()` after each encoder call."""
+
+    def __init__(self) -> None:
+        self._saved = None
+        if hasattr(os, "sched_getscheduler"):  # Linux and some Unixes; pid 0 = the calling thread
+            self._saved = (os.sched_getscheduler(0), os.sched_getparam(0))
+
+    def restore(self) -> None:
+        if self._saved is None:
+            return
+        policy, param = self._saved
+        if os.sched_getscheduler(0) != policy or os.sched_getparam(0) != param:
+            os.sched_setscheduler(0, policy, param)
+
+
 class VideoWriter:
     """Append frames to one mp4 stream; frame i gets pts i/fps (a constant frame rate from 0)."""
 
@@ -26,6 +45,7 @@ class VideoWriter:
         if codec not in CODECS:
             raise ValueError(f"codec must be one of {sorted(CODECS)}, got {codec!r}")
         os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner on stderr otherwise
+        self._scheduling = _KeepThreadScheduling()
         encoder, options = CODECS[codec]
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # faststart puts the index first, so a reader can seek without reading the whole file
@@ -49,15 +69,21 @@ class VideoWriter:
         video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
         video_frame.pts = self.frames_written
         video_frame.time_base = self._time_base
-        for packet in self._stream.encode(video_frame):
-            self._container.mux(packet)
+        try:
+            for packet in self._stream.encode(video_frame):
+                self._container.mux(packet)
+        finally:
+            self._scheduling.restore()
         self.frames_written += 1
 
     def close(self) -> None:
         """Flush the encoder and finish the file."""
-        for packet in self._stream.encode():
-            self._container.mux(packet)
-        self._container.close()
+        try:
+            for packet in self._stream.encode():
+                self._container.mux(packet)
+            self._container.close()
+        finally:
+            self._scheduling.restore()
 
     def __enter__(self) -> VideoWriter:
         return self
