@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -38,23 +37,15 @@ gr00t_train.shutdown_distributed(env)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(script: Path, *args: str) -> None:
-    # An explicit free port: torchrun's static rendezvous does not pick one itself (port 0 hangs).
-    port = str(_free_port())
+    # --standalone: torchrun binds a free port itself (probing one first races with other jobs)
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",
         "--nproc_per_node",
         "2",
-        "--master_port",
-        port,
         str(script),
         *args,
     ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -125,19 +124,13 @@ def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train
     assert sorted(losses(out)) == [1, 2, 3, 4]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
     out = tmp_path / "run"
     argv = train_args(dataset, out, "steps=3", "checkpoint.every=3", "optimizations.comm=overlap")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(_free_port()), "-m", "gr00t_train", *argv]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "gr00t_train", *argv]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip

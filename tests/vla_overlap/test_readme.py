@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,18 +15,14 @@ def test_readme_example_trains_under_torchrun(tmp_path) -> None:
     example = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
     script = tmp_path / "example.py"
     script.write_text(example)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # torchrun binds a free port itself: no race with other jobs for a probed one
         "--nproc-per-node",
         "2",
-        "--master-port",
-        str(port),
     ]
     done = subprocess.run([*command, str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
