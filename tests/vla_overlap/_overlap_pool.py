@@ -118,7 +118,7 @@ class WorkerPool:
                 self._dump_stacks_and_restart()
                 raise TimeoutError(
                     f"{name} at world size {world_size}: no answer in {self.task_timeout_s} s (worker stacks were "
-                    "written to stderr)"
+                    "written to stderr; the pool was restarted)"
                 ) from None
             if answer != number:
                 continue  # a late answer to an abandoned task
