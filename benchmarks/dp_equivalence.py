@@ -4,9 +4,10 @@ Every rank builds the same seeded model and the same global batches (N x b sampl
   reference   on its own, no communication: plain AdamW, N microbatches of b accumulated (loss / N each)
   overlap     vla_overlap.OverlapDataParallel on its slice of b samples, plain AdamW
   zero1       the same with vla_overlap.DistributedAdamW (reduce-scatter, sharded AdamW, all-gather)
-Both data-parallel modes average gradients over ranks, so they compute the reference's mean gradient; only the
-order of the floating-point sums differs (and under bf16 autocast nothing else). The script reports the
-largest absolute and relative parameter difference to the reference, per mode.
+Both data-parallel modes average gradients over ranks, so they compute the reference's mean gradient. Only
+rounding differs: the order of the sums, and under bf16 autocast the bf16 roundings of a backward whose loss
+the reference scaled by 1/N (exact only when N is a power of two). The script reports, per mode, the largest
+element difference to the reference and the difference of the whole update relative to the reference's.
 
   torchrun --nproc-per-node 2 benchmarks/dp_equivalence.py --device cuda --json out.json
   python benchmarks/dp_equivalence.py --nproc 2                  # CPU, gloo, spawns the processes
@@ -18,7 +19,7 @@ import argparse
 import datetime
 import json
 import os
-import socket
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -103,9 +104,9 @@ def run(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     return out if rank == 0 else None
 
 
-def _spawned(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:  # noqa: ANN001
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    dist.init_process_group("gloo")
+def _spawned(rank: int, world: int, store: str, args: argparse.Namespace, queue) -> None:  # noqa: ANN001
+    # a file store: no port to probe, so nothing to race with other jobs for
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     result = run(rank, world, args)
     if result is not None:
         queue.put(result)
@@ -132,11 +133,10 @@ def main() -> int:
         dist.destroy_process_group()
     else:
         world, rank = args.nproc, 0
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         queue = mp.get_context("spawn").SimpleQueue()
-        mp.start_processes(_spawned, args=(world, port, args, queue), nprocs=world, start_method="spawn")
+        with tempfile.TemporaryDirectory(prefix="dp-equivalence-") as tmp:
+            store = os.path.join(tmp, "store")
+            mp.start_processes(_spawned, args=(world, store, args, queue), nprocs=world, start_method="spawn")
         result = queue.get()
     if rank != 0:
         return 0
