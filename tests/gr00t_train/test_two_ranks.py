@@ -24,7 +24,8 @@ standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = stand
 import gr00t_train
 torch.set_num_threads(1)
 env = gr00t_train.init_distributed("cpu")
-overrides = dict(steps=6, checkpoint__every=3, logging__every=2, optimizations__comm="zero1_overlap")
+overrides = dict(steps=6, checkpoint__every=3, logging__every=2, optimizations__comm="zero1_overlap",
+                 logging__peak_tflops="1e-6")
 if len(sys.argv) > 1:
     overrides["checkpoint__resume"] = sys.argv[1]
 cfg = standins.small_config(Path({tmp!r}), **overrides)
@@ -35,6 +36,15 @@ flat = torch.cat([p.detach().flatten() for p in parts.model.parameters()])
 torch.save(flat, Path({tmp!r}) / f"params-rank{{env.rank}}.pt")
 gr00t_train.shutdown_distributed(env)
 """
+
+
+def _standin_flops_per_sample() -> float:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gr00t_train_standins_flops", STANDINS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_parts().flops_per_sample
 
 
 def _torchrun(script: Path, *args: str) -> None:
@@ -73,6 +83,9 @@ def test_two_rank_run_checkpoints_and_resumes(tmp_path) -> None:
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))  # written once, by rank 0
+    flops = _standin_flops_per_sample()
+    for row in rows:  # samples/s counts both ranks' samples, so the peak is both ranks' (1e6 FLOP/s each)
+        assert row["mfu"] == pytest.approx(row["samples_per_s"] * flops / 2e6)
     ck = run / "checkpoints" / "step_000003"
     assert {p.name for p in ck.iterdir()} >= {
         "rank00000.pt",

@@ -73,3 +73,19 @@ def test_without_recycling_every_batch_gets_its_own_storage():
 def test_empty_needs_a_batch():
     with pytest.raises(RuntimeError, match="begin"):
         ArenaAllocator().empty((2,), torch.float32)
+
+
+def test_views_report_the_arenas_they_keep_and_drop():
+    kept, dropped = [], []
+    arenas = ArenaAllocator()
+    views = ArenaViews(
+        on_keep=lambda s: kept.append(s.data_ptr()), on_drop=lambda s: dropped.append(s.data_ptr())
+    )
+    _roundtrip(arenas, views, "a", 2, 1)
+    arenas.release("a")
+    _roundtrip(arenas, views, "b", 2000, 2)  # outgrows the first arena: it is retired...
+    arenas.release("b")
+    _roundtrip(arenas, views, "c", 2, 3)  # ...and the main process hears it with the next batch
+    assert len(kept) == 2 and dropped == kept[:1]
+    views.clear()
+    assert dropped == kept and len(views) == 0

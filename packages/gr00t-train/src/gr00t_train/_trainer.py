@@ -66,11 +66,12 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
         self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
         device_name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
-        self.throughput = Throughput(
+        peak = peak_flops_for(device_name, cfg.logging.peak_tflops)
+        self.throughput = Throughput(  # the global batch's FLOPs against the peak of every rank's device
             self.global_batch,
             parts.tokens_per_sample,
             parts.flops_per_sample,
-            peak_flops_for(device_name, cfg.logging.peak_tflops),
+            None if peak is None else peak * env.world_size,
         )
         self.step = 0
         self.samples_seen = 0

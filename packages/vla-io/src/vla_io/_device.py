@@ -6,12 +6,15 @@ the pipeline's logic is the same everywhere.
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+log = logging.getLogger(__name__)
 Batch = dict[str, Any]
 # per-sample seeds stay on the host: they key host-side random draws (e.g. `ImageAugment`'s parameters),
 # and reading them back from the device would block the copy thread until its stream is idle
@@ -54,11 +57,13 @@ def map_tensors(value: Any, fn: Callable[[str, torch.Tensor], Any], path: str = 
 
 
 class HostToDevice:
-    """Copies host batches to the device through a ring of pinned buffers on a dedicated stream.
+    """Copies host batches to the device on a dedicated stream, from pinned memory.
 
     `copy(batch)` returns (device batch, event); the event marks the end of the copy and of the optional
-    device transform, which also runs on the copy stream. A pinned slot is rewritten only after its
-    previous copy has finished (its event), so no buffer is overwritten while the GPU still reads it.
+    device transform, which also runs on the copy stream. Tensors in host memory registered with `pin`
+    (the workers' shared-memory arenas) are copied straight from there; others are first staged in a ring
+    of pinned buffers. A pinned slot is rewritten only after its previous copy has finished (its event),
+    and `copy(release=...)` calls `release` only once the GPU has read the batch's host memory.
     """
 
     def __init__(self, device: torch.device, slots: int) -> None:
@@ -68,6 +73,40 @@ class HostToDevice:
         self._events: list[Any] = [None] * slots
         self._next = 0
         self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._pinned: dict[int, int] = {}  # registered host memory: start address -> bytes
+        self._pending: deque[tuple[Any, Callable[[], None]]] = deque()  # (copy event, release)
+        self._max_pending = slots
+        self.pin_failed: str | None = None  # why registering host memory failed (then staging is used)
+
+    def pin(self, storage: torch.UntypedStorage) -> bool:
+        """Page-lock `storage` (cudaHostRegister) so copies read it directly; False if not possible."""
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if not self.cuda or self.pin_failed or ptr in self._pinned or nbytes == 0:
+            return ptr in self._pinned
+        cudart = torch.cuda.cudart()
+        error = cudart.cudaHostRegister(ptr, nbytes, 0)
+        if int(error) != 0:  # e.g. a locked-memory limit: fall back to the staging buffers for good
+            self.pin_failed = f"cudaHostRegister of {nbytes} bytes returned {error}"
+            log.warning("vla-io: %s; batches are staged through pinned buffers instead", self.pin_failed)
+            return False
+        self._pinned[ptr] = nbytes
+        return True
+
+    def unpin(self, storage: torch.UntypedStorage) -> None:
+        """Undo `pin` (before the memory is unmapped); the caller makes sure no copy still reads it."""
+        ptr = storage.data_ptr()
+        if self._pinned.pop(ptr, None) is not None:
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+
+    def _is_pinned(self, tensor: torch.Tensor) -> bool:
+        return bool(self._pinned) and tensor.untyped_storage().data_ptr() in self._pinned
+
+    def poll(self, block: bool = False) -> None:
+        """Call the `release` of every copy that has finished (with `block`, wait for all of them)."""
+        while self._pending and (block or self._pending[0][0].query()):
+            event, release = self._pending.popleft()
+            event.synchronize()
+            release()
 
     def bind_thread(self) -> None:
         """Call first in the thread that will copy (CUDA's current device is per thread)."""
@@ -80,30 +119,39 @@ class HostToDevice:
         device_transform: Callable[[Batch], Batch] | None = None,
         private: bool = False,
         ready: Any = None,
+        release: Callable[[], None] | None = None,
     ) -> tuple[Batch, Any]:
         """The batch on the device (and transformed), plus the event to wait for before using it.
 
         With `private`, the result never shares memory with `batch` (whose shared memory a worker will
-        reuse): on CUDA the pinned copy sees to that, on CPU shared tensors left in the result are cloned.
+        reuse): on CUDA the device copy sees to that, on CPU shared tensors left in the result are cloned.
         `ready` is an event after which CUDA tensors already in `batch` (decoded on the GPU) are complete.
+        `release` is called once nothing reads `batch`'s host memory any more: at once after a staged
+        copy, later (from `copy` or `poll`) after a direct copy from pinned memory.
         """
         if not self.cuda:
             out = map_tensors(batch, lambda _, t: t)
             out = device_transform(out) if device_transform else out
             if private:
                 out = map_tensors(out, lambda _, t: t.clone() if t.is_shared() else t)
+            if release is not None:
+                release()
             return out, None
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
         if self._events[slot] is not None:
             self._events[slot].synchronize()
         buffers = self._slots[slot]
+        direct = []
 
         def to_device(path: str, tensor: torch.Tensor) -> torch.Tensor:
             if tensor.device.type == "cuda":
                 return tensor
             if path in HOST_PATHS:
                 return tensor.clone() if private else tensor
+            if self._is_pinned(tensor):
+                direct.append(path)
+                return tensor.to(self.device, non_blocking=True)
             buf = buffers.get(path)
             if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
                 buf = buffers[path] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -114,11 +162,24 @@ class HostToDevice:
             if ready is not None:
                 self.stream.wait_event(ready)
             out = map_tensors(batch, to_device)
+            copied = None
+            if direct and release is not None:
+                copied = torch.cuda.Event(blocking=True)
+                copied.record(self.stream)
             if device_transform is not None:
                 out = device_transform(out)
             event = torch.cuda.Event(blocking=True)  # waiting on it (slot reuse) sleeps instead of spinning
             event.record(self.stream)
         self._events[slot] = event
+        if release is not None:
+            if copied is None:
+                release()
+            else:
+                self._pending.append((copied, release))
+        self.poll()
+        if len(self._pending) > self._max_pending:  # bound how much shared memory waits on the GPU
+            self._pending[0][0].synchronize()
+            self.poll()
         return out, event
 
 

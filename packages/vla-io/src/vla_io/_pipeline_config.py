@@ -46,6 +46,10 @@ class PipelineConfig:
     reuse_shared_memory: bool = True
     """Workers reuse a batch's shared memory once the main process has copied it out (into pinned memory
     for CUDA, a private copy on CPU): fresh shared memory costs a page fault per 4 KB in the workers."""
+    pin_shared_memory: bool = True
+    """On CUDA, page-lock the workers' reused shared memory once (cudaHostRegister) and copy batches to the
+    device straight from it, instead of through a staging copy into pinned buffers (a host memcpy of every
+    batch on the copy thread). Needs `reuse_shared_memory`; falls back to staging if registering fails."""
     host_buffers: int = 2
     """Level 2: transformed batches kept ready (2 = a double buffer)."""
     device_buffers: int = 2

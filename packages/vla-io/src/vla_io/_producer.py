@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -27,6 +28,7 @@ from ._workers import (
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
+_IDLE_POLL_S = 0.005  # the copy thread hands shared memory back to workers this soon when idle
 
 
 class WaitStats:
@@ -76,10 +78,12 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _get(q: queue.Queue, stop: threading.Event) -> Any:
+def _get(q: queue.Queue, stop: threading.Event, idle: Callable[[], None] | None = None) -> Any:
     while not stop.is_set():
+        if idle is not None:
+            idle()
         try:
-            return q.get(timeout=_POLL_S)
+            return q.get(timeout=_POLL_S if idle is None else _IDLE_POLL_S)
         except queue.Empty:
             continue
     raise InterruptedError("pipeline stopped")
@@ -124,6 +128,8 @@ class Producer:
                 dataset, config.num_workers, config.start_method, config.image_dtype, config.seed,
                 config.timeout_s, recycle,
             )  # fmt: skip
+        if self._pool is not None and recycle and config.pin_shared_memory and h2d.cuda:
+            self._pool.watch_arenas(h2d.pin, h2d.unpin)
         self.routed_by_affinity = self._pool is not None and use_affinity(dataset, config.affinity)
         self._router = AffinityRouter(dataset, config.num_workers) if self.routed_by_affinity else None
         torch.get_num_threads()  # fixes this thread's intra-op thread count before ours set theirs to 1
@@ -187,17 +193,20 @@ class Producer:
             self.h2d.bind_thread()
             while not self._stop.is_set():
                 started = time.perf_counter()
-                item = _get(self._host, self._stop)
+                item = _get(self._host, self._stop, idle=self.h2d.poll)
                 self.stats.add("l2_wait", time.perf_counter() - started)
                 if isinstance(item, _Failed):
                     _put(self._ready, item, self._stop)
                     return
                 tag, batch, keys, ready = item
                 started = time.perf_counter()
-                out, event = self.h2d.copy(batch, self.device_transform, private=bool(keys), ready=ready)
+                release = (
+                    functools.partial(self._pool.release, keys) if keys and self._pool is not None else None
+                )
+                out, event = self.h2d.copy(
+                    batch, self.device_transform, private=bool(keys), ready=ready, release=release
+                )
                 del batch  # nothing below may touch the workers' shared memory once it is released
-                if keys and self._pool is not None:
-                    self._pool.release(keys)
                 self.stats.add("device", time.perf_counter() - started)
                 if not _put(self._ready, (tag, out, event), self._stop):
                     return
@@ -234,6 +243,9 @@ class Producer:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=10.0)
+        if self.h2d.stream is not None:  # no copy may still read the arenas when they are unpinned
+            self.h2d.stream.synchronize()
+        self.h2d.poll(block=True)
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -174,21 +174,38 @@ class ArenaAllocator:
 
 
 class ArenaViews:
-    """Main-process side: the arenas received from each worker, and batches rebuilt as views into them."""
+    """Main-process side: the arenas received from each worker, and batches rebuilt as views into them.
 
-    def __init__(self) -> None:
+    `on_keep(storage)` is called for each arena kept, `on_drop(storage)` before one is forgotten (e.g. to
+    page-lock arenas for direct copies to the GPU, and unlock them before they are unmapped)."""
+
+    def __init__(self, on_keep: Any = None, on_drop: Any = None) -> None:
         self._arenas: dict[tuple[int, int], torch.UntypedStorage] = {}
+        self.on_keep, self.on_drop = on_keep, on_drop
 
     def __len__(self) -> int:
         return len(self._arenas)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        storage = self._arenas.pop(key, None)
+        if storage is not None and self.on_drop is not None:
+            self.on_drop(storage)
+
+    def clear(self) -> None:
+        """Forget every arena."""
+        for key in list(self._arenas):
+            self._drop(key)
 
     def unpack(self, packed: Packed) -> dict[str, Any]:
         """The batch of `packed`; its tensors share memory with the worker's arena (until released)."""
         worker = packed.worker
         for arena in packed.retired:
-            self._arenas.pop((worker, arena), None)
+            self._drop((worker, arena))
         if packed.keep:
-            self._arenas.update({(worker, a): s for a, s in packed.storages.items()})
+            for arena, kept in packed.storages.items():
+                self._arenas[(worker, arena)] = kept
+                if self.on_keep is not None:
+                    self.on_keep(kept)
 
         def storage(arena: int) -> torch.UntypedStorage:
             found = packed.storages.get(arena)

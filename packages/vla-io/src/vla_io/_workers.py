@@ -241,6 +241,11 @@ class WorkerPool:
             )
         return self._views.unpack(value) if isinstance(value, Packed) else value
 
+    def watch_arenas(self, on_keep: Any, on_drop: Any) -> None:
+        """Call on_keep(storage) for each worker arena the main process keeps, on_drop(storage) before
+        it lets one go (retired by its worker, or at close)."""
+        self._views.on_keep, self._views.on_drop = on_keep, on_drop
+
     def release(self, keys: list[Key]) -> None:
         """Let the workers reuse the shared memory of these parts (the caller copied them out)."""
         for key in keys:
@@ -273,6 +278,7 @@ class WorkerPool:
                 proc.kill()
                 proc.join(timeout=1.0)
         self._ready.clear()
+        self._views.clear()
         for q in [*self._tasks, self._results]:
             q.cancel_join_thread()
             q.close()
