@@ -98,6 +98,30 @@ def test_grad_sync_callbacks_run_after_the_last_backward(mode: str) -> None:
         assert events.count("start") == 1 and events[-2:] == ["start", "finish"]
 
 
+def test_sync_in_graph_captures_the_sync_with_the_last_microbatch() -> None:
+    events: list[str] = []
+    model = nn.Linear(3, 2)
+    step = GraphedStep(
+        _linear_step(events, model, 2),
+        params=model.parameters(),
+        config=GraphConfig(mode="per_microbatch", warmup_iters=2, sync_in_graph=True),
+        start_grad_sync=lambda: events.append("start"),
+        finish_grad_sync=lambda: events.append("finish"),
+        after_replayed_sync=lambda: events.append("synced"),
+    )
+    step(_batches(2))
+    # warmup runs the sync where the graph will hold it; the last graph is the step and the sync together
+    iteration = ["step0", "step1", "start", "finish"]
+    assert events[: 3 * 4] == iteration * 3  # two warmup iterations, then the captures
+    for seed in range(1, 3):
+        events.clear()
+        step(_batches(2, seed))
+        # emulation re-runs the captured Python at replay; a GPU replays the same kernels in this order
+        assert events == [*iteration, "synced"]
+    with pytest.raises(ValueError, match="sync_in_graph"):
+        GraphConfig(sync_in_graph="yes")
+
+
 def test_gradients_accumulate_over_microbatches_into_owned_buffers() -> None:
     torch.manual_seed(0)
     model = nn.Linear(3, 2)

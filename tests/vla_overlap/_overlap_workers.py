@@ -333,6 +333,49 @@ def explicit_path(ctx: Any, sharded: bool) -> dict[str, Any]:
     return out
 
 
+def launched_in_backward(ctx: Any, sharded: bool) -> dict[str, Any]:
+    """The last microbatch under launch_in_backward() with an explicit finish, and gradients reduced outside
+    the wrapper then recorded with mark_grads_synced() (what a replayed CUDA graph leaves behind), vs hooks."""
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {"states": []}
+    for how in ("hooks", "launch_then_finish", "reduced_elsewhere"):
+        model, opt, sched, module = build(ctx, "zero1" if sharded else "overlap")
+        for step in range(3):
+            model.zero_grad()
+            for m in range(2):
+                x, y = batch(step, m, ctx.rank, ctx.world_size)
+                loss = F.mse_loss(model(x), y) / 2
+                if m == 0 or how == "reduced_elsewhere":
+                    context = model.no_sync()
+                else:
+                    context = contextlib.nullcontext() if how == "hooks" else model.launch_in_backward()
+                with context:
+                    loss.backward()
+            if how == "launch_then_finish":  # every bucket launched from backward, nothing waited yet
+                out["states"].append((model._grads.all_launched, model._phase.value != "finished"))
+                model.finish_grad_sync()
+            elif how == "reduced_elsewhere":
+                for data in model._grads.data:  # the buckets' collectives, issued by someone else
+                    data.mul_(1.0 / ctx.world_size)
+                    dist.all_reduce(data, group=model.process_group)
+
+                def refuse(*_: Any) -> None:
+                    raise AssertionError("mark_grads_synced communicated")
+
+                with (
+                    _patched(model._comm, "all_reduce", refuse),
+                    _patched(model._comm, "reduce_scatter", refuse),
+                ):
+                    model.mark_grads_synced()
+                    norm = vla_overlap.clip_grad_norm_(model, opt, 1e9)  # sees the step as synchronized
+                out["states"].append(("norm", float(norm) > 0))
+            opt.step()
+            sched.step()
+        out[how] = params_of(module)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ unused params
 def unused_params(ctx: Any, allow: bool, skip_rank: int) -> dict[str, Any]:
     """A parameter unused on rank `skip_rank` (-1: used everywhere; 99: unused everywhere)."""

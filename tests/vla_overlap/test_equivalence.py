@@ -111,3 +111,15 @@ def test_explicit_sync_without_hooks_equals_the_hook_path(pool, sharded: bool) -
     result = pool.run("explicit_path", 2, sharded=sharded)[0]
     for how in ("main_grad", "dot_grad"):
         assert_params(result[how], result["hooks"], bitwise=True)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_launch_in_backward_and_replayed_sync_equal_the_hook_path(pool, sharded: bool) -> None:
+    """What CUDA graphs with the sync captured do: the last backward launches every bucket but does not
+    wait (the capture adds the wait); at replay nothing runs in Python, so mark_grads_synced() records
+    that the gradients were reduced, without communicating again."""
+    result = pool.run("launched_in_backward", 2, sharded=sharded)[0]
+    assert result["states"][:3] == [(True, True)] * 3  # (every bucket launched, not waited for yet)
+    assert result["states"][3:] == [("norm", True)] * 3
+    for how in ("launch_then_finish", "reduced_elsewhere"):
+        assert_params(result[how], result["hooks"], bitwise=True)

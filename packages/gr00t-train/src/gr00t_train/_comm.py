@@ -39,6 +39,13 @@ class CommSetup:
     """Wait for the collectives; gradients are reduced when it returns."""
     zero_grad: Callable[[], None] | None = None
     """Reset the wrapper's own gradient buffers; None: vla_graph owns plain `.grad` buffers."""
+    sync_in_graph: bool = False
+    """Graph modes: the last microbatch launches the collectives from its backward hooks and the sync is
+    captured with it (`launch_in_backward`, then `mark_synced` after each replay)."""
+    launch_in_backward: Callable[[], AbstractContextManager] | None = None
+    """Context for the last microbatch's backward when the sync is captured in its graph."""
+    mark_synced: Callable[[], None] | None = None
+    """After a replay that ran the captured collectives: the gradients are reduced."""
 
 
 def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
@@ -71,15 +78,19 @@ def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
 
     if mode == "ddp":  # torch DDP: all-reduce from its own hooks during backward; eager only (config check)
         return CommSetup(wrapped, optimizer, wrapped.no_sync, clip, sync_in_backward=True)
+    overlapped = mode != "allreduce_after_backward"  # the baseline reduces after backward by definition
     return CommSetup(
         wrapped,
         optimizer,
         wrapped.no_sync,
         clip,
-        # Hooks never fire during graph replay, and the baseline reduces after backward by definition: both
-        # accumulate only and sync explicitly, which also times the exposed communication on its own.
-        sync_in_backward=mode != "allreduce_after_backward" and not graphs,
+        # Hooks never fire during graph replay: graph modes either capture the collectives with the last
+        # microbatch (comm_in_graph) or accumulate only and sync explicitly after the replay.
+        sync_in_backward=overlapped and not graphs,
         start_sync=wrapped.start_grad_sync,
         finish_sync=wrapped.finish_grad_sync,
         zero_grad=wrapped.zero_grad_buffer,
+        sync_in_graph=overlapped and graphs and opts.comm_in_graph,
+        launch_in_backward=wrapped.launch_in_backward,
+        mark_synced=wrapped.mark_grads_synced,
     )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import vla_graph
@@ -30,12 +30,19 @@ def graphed_runner(
     n = cfg.optim.grad_accum
     position = [0]
 
+    def backward_context(last: bool) -> AbstractContextManager:
+        # Only the last microbatch lets hooks communicate: eager overlap syncs at the end of its backward;
+        # with the sync in the graph it launches from backward and GraphedStep captures the wait after it.
+        if last and comm.sync_in_backward:
+            return nullcontext()
+        if last and comm.sync_in_graph and comm.launch_in_backward is not None:
+            return comm.launch_in_backward()
+        return comm.no_sync()
+
     def microbatch_step(batch: Batch) -> torch.Tensor:
-        # Only the last microbatch of an eager overlap step lets hooks communicate. That decision is Python
-        # state, so graph modes never take it (they accumulate only and sync after the replay).
-        last = comm.sync_in_backward and position[0] % n == n - 1
+        last = position[0] % n == n - 1  # graphs capture each microbatch position once, in order
         position[0] += 1
-        with nullcontext() if last else comm.no_sync():
+        with backward_context(last):
             loss = parts.loss_fn(comm.module, batch)  # precision (autocast) is the model's own business
             (loss / n).backward()
         return loss.detach()
@@ -47,9 +54,13 @@ def graphed_runner(
             mode=cfg.optimizations.graph,
             warmup_iters=cfg.optimizations.graph_warmup,
             grads="owned" if comm.zero_grad is None else "external",
+            sync_in_graph=comm.sync_in_graph and cfg.optimizations.graph == "per_microbatch",
         ),
         draw=parts.draw,
         zero_grad=comm.zero_grad,
+        start_grad_sync=comm.start_sync if comm.sync_in_graph else None,
+        finish_grad_sync=comm.finish_sync if comm.sync_in_graph else None,
+        after_replayed_sync=comm.mark_synced if comm.sync_in_graph else None,
     )
 
     def sync() -> None:
@@ -59,7 +70,7 @@ def graphed_runner(
     def run(microbatches: list[Batch]) -> torch.Tensor:
         position[0] = 0
         losses = step(microbatches)
-        if comm.start_sync is not None:
+        if comm.start_sync is not None and not comm.sync_in_graph:
             timed_sync(sync)  # a no-op when the last backward already synced (eager overlap)
         return torch.stack([loss.float() for loss in losses]).mean()
 

@@ -30,6 +30,13 @@ class GraphConfig:
     gradient sync captured as one graph) or "per_microbatch" (one forward+backward graph per microbatch
     position, replayed in order; gradient sync runs eagerly after the last one)."""
 
+    sync_in_graph: bool = False
+    """per_microbatch only: capture the gradient sync (`start_grad_sync` then `finish_grad_sync`) at the end of
+    the last microbatch's graph instead of running it eagerly after the replays, so collectives that
+    gradient hooks launch during that backward overlap with it at replay (e.g. vla_overlap's
+    `launch_in_backward()`). Every rank must capture the same collectives (NCCL allows them in graphs).
+    full_iteration always captures the sync."""
+
     warmup_iters: int = 3
     """Eager iterations on the capture stream before capturing (cuBLAS handles, autotuning, lazy init).
     Use >= 11 when torch DistributedDataParallel runs inside the captured region."""
@@ -62,6 +69,8 @@ class GraphConfig:
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
         _check_int("warmup_iters", self.warmup_iters, 1)
+        if not isinstance(self.sync_in_graph, bool):
+            raise ValueError(f"GraphConfig.sync_in_graph={self.sync_in_graph!r} must be True or False")
         if not isinstance(self.check, bool):
             raise ValueError(f"GraphConfig.check={self.check!r} must be True or False")
         _check_choice("on_shape_change", self.on_shape_change, SHAPE_POLICIES)

@@ -116,7 +116,10 @@ class ParamSet:
                     )
             return
         for name, p in self.trainable:
-            if p.grad is not None:
+            main_grad = getattr(p, "main_grad", None)  # a wrapper's own buffer, exposed as .grad by its sync
+            if p.grad is not None and not (
+                main_grad is not None and p.grad.data_ptr() == main_grad.data_ptr()
+            ):
                 raise RuntimeError(
                     f"{name}.grad was set during capture with GraphConfig(grads='external'): that tensor lives "
                     "in the graph's memory pool and the next replay overwrites it. Make your gradient hooks "

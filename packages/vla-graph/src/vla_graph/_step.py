@@ -68,7 +68,11 @@ class GraphedStep:
     the iteration's microbatches zeroes the gradients, runs every microbatch, runs the gradient sync
     (`start_grad_sync()` then `finish_grad_sync()`) after the last backward, and returns each
     microbatch's outputs, detached and never aliasing graph memory. The optimizer step stays with the
-    caller, after the call."""
+    caller, after the call.
+
+    When the sync is part of a graph (full_iteration, or per_microbatch with `sync_in_graph`), its Python side
+    runs only at capture; `after_replayed_sync()` is called after every replay so the caller can record that
+    the gradients are reduced (e.g. vla_overlap's `mark_grads_synced`)."""
 
     def __init__(
         self,
@@ -81,6 +85,7 @@ class GraphedStep:
         start_grad_sync: Callable[[], None] | None = None,
         finish_grad_sync: Callable[[], None] | None = None,
         zero_grad: Callable[[], None] | None = None,
+        after_replayed_sync: Callable[[], None] | None = None,
     ) -> None:
         self.config = config if config is not None else GraphConfig()
         if not callable(step_fn):
@@ -90,6 +95,7 @@ class GraphedStep:
         self._generators = unique_generators(generators)
         self._start_sync = start_grad_sync
         self._finish_sync = finish_grad_sync
+        self._after_replayed_sync = after_replayed_sync
         self._params = ParamSet(params, self.config.grads, zero_grad)
         self.device = self._params.device
         graphed = self.config.mode != "eager"
@@ -160,6 +166,16 @@ class GraphedStep:
         if self._finish_sync is not None:
             self._finish_sync()
 
+    @property
+    def _sync_captured(self) -> bool:
+        return self.config.mode == "full_iteration" or self.config.sync_in_graph
+
+    def _step_then_sync(self, batch: dict[str, Any]) -> Any:
+        """The last microbatch of per_microbatch with sync_in_graph: its step and the sync, one graph."""
+        out = self._run_step(batch)
+        self._sync()
+        return out
+
     def _iteration(
         self, batches: list[Any], *, sync: bool, checker: Checker | None = None, tag: Any = 0
     ) -> list:
@@ -194,8 +210,10 @@ class GraphedStep:
             for graph, static_out in zip(captured.graphs, captured.outputs):
                 backend.replay(graph)
                 outputs.append(clone(static_out))
-            # Autograd hooks do not fire during replay: the gradient sync is driven from here.
-            self._sync()
+        if not self._sync_captured:
+            self._sync()  # autograd hooks do not fire during replay: the sync is driven from here
+        elif self._after_replayed_sync is not None:
+            self._after_replayed_sync()
         self.report.replays += 1
         return outputs
 
@@ -238,6 +256,7 @@ class GraphedStep:
     def _warmup_and_capture(self, captured: _Captured, inputs: list[dict[str, Any]]) -> None:
         backend, config = self._backend, self.config
         full = config.mode == "full_iteration"
+        synced = self._sync_captured  # warmup runs the sync where the graphs will hold it
         trees = [static.tree for static in captured.inputs]
         rng = snapshot_rng([backend.default_generator(), *self._generators])
         checker = Checker(self._generators) if config.check else None
@@ -248,12 +267,12 @@ class GraphedStep:
                     self._fill(captured, inputs)
                     self._params.zero()
                     watched = checker if iteration >= warmup - 2 else None
-                    self._iteration(trees, sync=full, checker=watched, tag=iteration)
+                    self._iteration(trees, sync=synced, checker=watched, tag=iteration)
         finally:
             # Warmup consumed random numbers that an eager run would not: undo it.
             restore_rng(rng)
         if checker is not None:
-            regions = [*range(len(trees)), "sync"] if full else range(len(trees))
+            regions = [*range(len(trees)), "sync"] if synced else range(len(trees))
             pairs = [((warmup - 2, r), (warmup - 1, r)) for r in regions] if warmup >= 2 else []
             findings = checker.findings(compare=pairs)
             if findings:
@@ -267,8 +286,11 @@ class GraphedStep:
                 captured.graphs, captured.outputs = [graph], [outputs]
             else:
                 for index, tree in enumerate(trees):
-                    what = f"microbatch {index}"
-                    graph, outputs = backend.capture(lambda tree=tree: self._run_step(tree), self._generators)
+                    what = f"microbatch {index}" + (
+                        " and the gradient sync" if synced and index == len(trees) - 1 else ""
+                    )
+                    run = self._step_then_sync if synced and index == len(trees) - 1 else self._run_step
+                    graph, outputs = backend.capture(lambda tree=tree, run=run: run(tree), self._generators)
                     captured.graphs.append(graph)
                     captured.outputs.append(outputs)
         except CaptureFailed as failure:

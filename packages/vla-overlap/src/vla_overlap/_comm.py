@@ -6,12 +6,57 @@ collectives are asynchronous on gloo's own threads and streams do not exist.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+import os
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Tensors handed to asynchronous collectives, kept referenced (far more than one step issues).
+_RECENT: deque[tuple[torch.Tensor, ...]] = deque(maxlen=1024)
+
+
+@atexit.register
+def _let_backend_threads_settle_at_exit() -> None:
+    """gloo's run-loop threads drop a finished collective (and the tensors it holds) a little after wait()
+    returns. If that happens once interpreter shutdown has begun, freeing a tensor's Python object needs the
+    GIL, which kills the thread inside a C++ destructor: the process aborts with "terminate called without
+    an active exception" (about one gloo run in six exited so on a busy 2-core machine). So at exit, while
+    Python still runs, wait (at most 2 s) until those threads sleep, and keep the recent tensors alive."""
+    if not _RECENT:
+        return
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and _backend_threads_busy():
+        time.sleep(0.005)
+    for tensors in _RECENT:
+        for tensor in tensors:
+            for keep in (tensor, tensor._base):
+                if keep is not None:
+                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(keep))  # a deliberate leak: the process ends
+
+
+def _backend_threads_busy() -> bool:
+    """Whether a gloo run-loop thread of this process is running (not asleep), from /proc (Linux)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if name.startswith("pt_gloo") and state == "R":
+            return True
+    return False
 
 
 def first_available(module: Any, *names: str) -> Callable[..., Any]:
@@ -44,23 +89,33 @@ class Communicator:
                 "vla_overlap needs torch.distributed: call torch.distributed.init_process_group(...) first "
                 "(a world size of 1 is fine)"
             )
-        self.group = group if group is not None else dist.group.WORLD
+        # The default group is looked up on use, not held: destroy_process_group() must be able to free it
+        # (and join gloo's threads) while Python is still running, not at interpreter exit.
+        self._group = group
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         if self.rank < 0:
             raise ValueError("this process is not a member of the given process_group")
         self._first_global_rank = dist.get_global_rank(self.group, 0)
+        self._recent = _RECENT
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self._group if self._group is not None else dist.group.WORLD
 
     def all_reduce(self, tensor: torch.Tensor) -> Any:
         """In-place SUM, asynchronous."""
+        self._recent.append((tensor,))
         return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> Any:
         """SUM of `input` over ranks; this rank's 1/size slice lands in `output` (may be a view of input)."""
+        self._recent.append((output, input))
         return _reduce_scatter(output, input, self.group)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> Any:
         """Concatenation of every rank's `input` into `output` (input may be a view of output)."""
+        self._recent.append((output, input))
         return _all_gather(output, input, self.group)
 
     def all_reduce_now(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:

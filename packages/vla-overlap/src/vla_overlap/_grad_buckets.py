@@ -85,6 +85,11 @@ class GradBuckets:
                 self._handles[bucket] = self.comm.all_reduce(view)
         self._next += 1
 
+    def mark_all_done(self) -> None:
+        """Every bucket was launched and waited for by work this object did not issue (a replayed graph)."""
+        self._next = len(self.layout.buckets)
+        self._handles = [None] * len(self.layout.buckets)
+
     def wait_all(self) -> None:
         """Block (CPU) or make the current stream wait (CUDA) until every launched collective is done."""
         for bucket, handle in enumerate(self._handles):

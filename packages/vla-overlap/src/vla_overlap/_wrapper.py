@@ -84,6 +84,7 @@ class OverlapDataParallel(nn.Module):
         self._gather: ParamGather | None = None
         self._sharded_optimizer: Any = None
         self._last_microbatch = True
+        self._finish_in_backward = True  # False inside launch_in_backward()
         self._seen = [False] * len(self._params)
         self._hooks_fired = False
         self._callback_queued = False
@@ -120,6 +121,29 @@ class OverlapDataParallel(nn.Module):
             yield
         finally:
             self._last_microbatch = previous
+
+    @contextmanager
+    def launch_in_backward(self) -> Iterator[None]:
+        """A backward pass inside launches each bucket's collective as soon as its gradients are complete,
+        as the last microbatch does, but does not wait for them when it ends: call `finish_grad_sync()`
+        yourself. For capturing the last microbatch and the sync in one CUDA graph (vla_graph's
+        `sync_in_graph`): the wait must then run on the capturing thread and stream, inside the capture."""
+        previous = (self._last_microbatch, self._finish_in_backward)
+        self._last_microbatch, self._finish_in_backward = True, False
+        try:
+            yield
+        finally:
+            self._last_microbatch, self._finish_in_backward = previous
+
+    def mark_grads_synced(self) -> None:
+        """The buffers already hold this step's reduced gradients because a replayed CUDA graph ran the
+        collectives (hooks and Python do not run at replay): finish the step's bookkeeping as
+        `finish_grad_sync()` would, without communicating. Call it after each such replay."""
+        if self._phase is _Phase.FINISHED:
+            return
+        self._grads.mark_all_done()
+        self._phase = _Phase.FINISHED
+        self._expose_grads()
 
     def zero_grad_buffer(self) -> None:
         """Start a new step: zero the gradient buffers and forget which gradients arrived."""
@@ -160,6 +184,10 @@ class OverlapDataParallel(nn.Module):
         self.start_grad_sync()
         self._grads.wait_all()
         self._phase = _Phase.FINISHED
+        self._expose_grads()
+
+    def _expose_grads(self) -> None:
+        """Without a sharded optimizer, the reduced buffers become `param.grad` (any torch optimizer)."""
         if self._sharded_optimizer is None:
             for param, main_grad in zip(self._params, self._grads.main_grads):
                 param.grad = main_grad if main_grad.dtype == param.dtype else main_grad.to(param.dtype)
@@ -202,7 +230,7 @@ class OverlapDataParallel(nn.Module):
         self._seen[slot] = True
         self._hooks_fired = True
         if self._last_microbatch:
-            if not self._callback_queued:
+            if self._finish_in_backward and not self._callback_queued:
                 self._callback_queued = True
                 self._queue_backward_end()
             self._grads.mark_ready(slot, launch=self.config.overlap_grad_reduce)
