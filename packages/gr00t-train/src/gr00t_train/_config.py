@@ -150,9 +150,9 @@ class OptimizationsConfig(_Section):
     graph_warmup: int = 3
     """Eager steps before a CUDA graph is captured."""
     comm_in_graph: bool = True
-    """With graphs and comm=overlap or zero1_overlap: capture the gradient collectives in the graph of the last
-    microbatch, launched bucket by bucket from backward, so they overlap with it at replay (else they run
-    after the replay, exposed). The exposed part is then inside `compute` in the step breakdown."""
+    """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
+    graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
+    (else they run after the replay, exposed). The exposed part is then inside `compute` in the breakdown."""
 
     def _check(self) -> None:
         require(self.bucket_mb > 0, "bucket_mb", f"must be > 0, got {self.bucket_mb}")

@@ -5,6 +5,7 @@ A single process without torchrun still gets a one-rank group, so every communic
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -81,6 +82,9 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
 def shutdown_distributed(env: DistEnv) -> None:
     """Destroy the process group if `init_distributed` created it."""
     if env.owns_group and dist.is_initialized():
+        gc.collect()  # CUDA graphs (holding captured collectives) left in reference cycles go first
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)
         dist.destroy_process_group()
 
 

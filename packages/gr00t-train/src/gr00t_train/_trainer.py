@@ -97,6 +97,11 @@ class Trainer:
         try:
             self._loop(metrics)
         finally:
+            # Graphs hold the NCCL collectives they captured: free them before the process group can go
+            # (destroying a communicator that live graphs still use hangs). The next fit() captures again.
+            self.graphed_step.reset()
+            if self.env.device.type == "cuda":
+                torch.cuda.synchronize(self.env.device)
             metrics.close()
             self.parts.data.close()
             if self.parts.close is not None:
