@@ -43,7 +43,8 @@ def test_loss_falls_and_metrics_are_written(tmp_path, env, standins) -> None:
     assert {"data_wait", "compute", "optimizer", "other"} <= set(summary.breakdown_s)
     assert "samples/s" in summary.table()
     assert (run / "loss.png").stat().st_size > 1000 and (run / "step_time.png").stat().st_size > 1000
-    assert json.loads((run / "summary.json").read_text())["measured_steps"] == 38
+    written = json.loads((run / "summary.json").read_text())
+    assert written["measured_steps"] == 38 and written["world_size"] == 1 and written["global_batch"] == 4
     assert json.loads((run / "config.json").read_text())["steps"] == 40
     final = run / "checkpoints" / "step_000040"
     assert (final / "model.safetensors").is_file() and (final / "train_config.json").is_file()

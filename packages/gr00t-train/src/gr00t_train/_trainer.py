@@ -231,7 +231,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- report
     def _write_report(self, summary: RunSummary) -> None:
-        (self.out_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        report = {**summary.as_dict(), "world_size": self.env.world_size, "global_batch": self.global_batch}
+        (self.out_dir / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
         if self.cfg.logging.plots:
             from ._plots import write_plots
 
