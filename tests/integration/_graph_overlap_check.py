@@ -109,15 +109,15 @@ def main() -> None:
             same = torch.equal(params, ref_params) and torch.equal(losses, ref_losses)
             diff = (params - ref_params).abs().max().item()
             if dist.get_rank() == 0:
-                print(
-                    f"{comm:>14} {mode:>15} vs eager: {'bitwise equal' if same else f'DIFFERENT (max {diff:.3e})'}"
-                )
+                verdict = "bitwise equal" if same else f"DIFFERENT (max {diff:.3e})"
+                print(f"{comm:>14} {mode:>15} vs eager: {verdict}", flush=True)
             failed |= not same
     rank = dist.get_rank()
     dist.destroy_process_group()
     if failed:
         sys.exit(1)
-    print(f"rank {rank} OK")
+    if rank == 0:  # one writer: the ranks' lines would interleave in the launcher's stdout
+        print("OK", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ def _torchrun(nproc: int, device: str) -> str:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if "vs eager" in line]
     assert len(lines) == 3 and all(line.endswith("bitwise equal") for line in lines), done.stdout
+    assert done.stdout.rstrip().endswith("OK"), done.stdout
     return done.stdout
 
 
