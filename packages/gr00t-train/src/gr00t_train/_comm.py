@@ -90,8 +90,9 @@ def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
         start_sync=wrapped.start_grad_sync,
         finish_sync=wrapped.finish_grad_sync,
         zero_grad=wrapped.zero_grad_buffer,
-        # per_microbatch only: full_iteration capture of a ZeRO-1 sync differs from eager at 2 GPUs (5.9e-3
-        # after 4 steps, tests/integration/_graph_overlap_check.py); there the sync stays after the replay.
+        # per_microbatch only: ZeRO-1 reduce-scatters captured anywhere but in the last microbatch's backward
+        # hooks differ from eager at 2 GPUs (about 6e-3 after 4 steps, BENCHMARKS.md); full_iteration keeps
+        # the sync after the replay.
         sync_in_graph=overlapped and opts.graph == "per_microbatch" and opts.comm_in_graph,
         launch_in_backward=wrapped.launch_in_backward,
         mark_synced=wrapped.mark_grads_synced,
