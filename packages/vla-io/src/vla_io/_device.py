@@ -101,12 +101,14 @@ class HostToDevice:
     def _is_pinned(self, tensor: torch.Tensor) -> bool:
         return bool(self._pinned) and tensor.untyped_storage().data_ptr() in self._pinned
 
-    def poll(self, block: bool = False) -> None:
-        """Call the `release` of every copy that has finished (with `block`, wait for all of them)."""
+    def poll(self, block: bool = False) -> bool:
+        """Call the `release` of every copy that has finished (with `block`, wait for all of them); True
+        while some copy still has to finish."""
         while self._pending and (block or self._pending[0][0].query()):
             event, release = self._pending.popleft()
             event.synchronize()
             release()
+        return bool(self._pending)
 
     def bind_thread(self) -> None:
         """Call first in the thread that will copy (CUDA's current device is per thread)."""

@@ -28,7 +28,7 @@ from ._workers import (
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
-_IDLE_POLL_S = 0.005  # the copy thread hands shared memory back to workers this soon when idle
+_IDLE_POLL_S = 0.005  # while copies are in flight, the idle copy thread hands their memory back this soon
 
 
 class WaitStats:
@@ -78,12 +78,12 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _get(q: queue.Queue, stop: threading.Event, idle: Callable[[], None] | None = None) -> Any:
+def _get(q: queue.Queue, stop: threading.Event, idle: Callable[[], bool] | None = None) -> Any:
+    """The next item; while waiting, `idle()` runs between polls (it returns True to be called again soon)."""
     while not stop.is_set():
-        if idle is not None:
-            idle()
+        soon = idle() if idle is not None else False
         try:
-            return q.get(timeout=_POLL_S if idle is None else _IDLE_POLL_S)
+            return q.get(timeout=_IDLE_POLL_S if soon else _POLL_S)
         except queue.Empty:
             continue
     raise InterruptedError("pipeline stopped")
