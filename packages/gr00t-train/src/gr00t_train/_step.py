@@ -54,7 +54,7 @@ def graphed_runner(
             mode=cfg.optimizations.graph,
             warmup_iters=cfg.optimizations.graph_warmup,
             grads="owned" if comm.zero_grad is None else "external",
-            sync_in_graph=comm.sync_in_graph and cfg.optimizations.graph == "per_microbatch",
+            sync_in_graph=comm.sync_in_graph,  # set by build_comm for per_microbatch only
         ),
         draw=parts.draw,
         zero_grad=comm.zero_grad,

@@ -286,10 +286,9 @@ class GraphedStep:
                 captured.graphs, captured.outputs = [graph], [outputs]
             else:
                 for index, tree in enumerate(trees):
-                    what = f"microbatch {index}" + (
-                        " and the gradient sync" if synced and index == len(trees) - 1 else ""
-                    )
-                    run = self._step_then_sync if synced and index == len(trees) - 1 else self._run_step
+                    holds_sync = synced and index == len(trees) - 1
+                    what = f"microbatch {index}" + (" and the gradient sync" if holds_sync else "")
+                    run = self._step_then_sync if holds_sync else self._run_step
                     graph, outputs = backend.capture(lambda tree=tree, run=run: run(tree), self._generators)
                     captured.graphs.append(graph)
                     captured.outputs.append(outputs)

@@ -75,7 +75,6 @@ class HostToDevice:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._pinned: dict[int, int] = {}  # registered host memory: start address -> bytes
         self._pending: deque[tuple[Any, Callable[[], None]]] = deque()  # (copy event, release)
-        self._max_pending = slots
         self.pin_failed: str | None = None  # why registering host memory failed (then staging is used)
 
     def pin(self, storage: torch.UntypedStorage) -> bool:
@@ -179,7 +178,7 @@ class HostToDevice:
             else:
                 self._pending.append((copied, release))
         self.poll()
-        if len(self._pending) > self._max_pending:  # bound how much shared memory waits on the GPU
+        if len(self._pending) > len(self._slots):  # bound how much shared memory waits on the GPU
             self._pending[0][0].synchronize()
             self.poll()
         return out, event
