@@ -149,7 +149,7 @@ class OptimizationsConfig(_Section):
     """Gradient bucket size for the overlap wrappers, in MiB."""
     graph_warmup: int = 3
     """Eager steps before a CUDA graph is captured."""
-    comm_in_graph: bool = True
+    sync_in_graph: bool = True
     """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
     graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
     (else they run after the replay, exposed). The exposed part is then inside `compute` in the breakdown."""

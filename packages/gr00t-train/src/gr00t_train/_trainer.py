@@ -13,7 +13,7 @@ import torch
 
 from .__about__ import __version__
 from ._checkpoint import Checkpointer
-from ._comm import build_comm
+from ._comm import plan_grad_sync
 from ._config import TrainConfig
 from ._config_io import config_to_dict, write_config_json
 from ._distributed import DistEnv
@@ -59,9 +59,9 @@ class Trainer:
         self.cfg, self.parts, self.env = cfg, parts, env
         configure_backends(cfg)
         seed_everything(cfg.seed + env.rank)
-        self.comm = build_comm(parts.model, cfg, env)
+        self.comm = plan_grad_sync(parts.model, cfg, env)
         self.timer = StepTimer(env.device, nested={"comm": "compute"})
-        self.run_step, self.graphed_step = graphed_runner(cfg, parts, self.comm, self._timed)
+        self.run_step, self.graphed_step = graphed_runner(cfg, parts, self.comm, self.timer.phase)
         self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
         self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
@@ -112,10 +112,6 @@ class Trainer:
         if self.env.is_main:
             self._write_report(summary)
         return summary
-
-    def _timed(self, sync) -> None:
-        with self.timer.phase("comm"):
-            sync()
 
     def _loop(self, metrics: MetricsLogger) -> None:
         cfg = self.cfg

@@ -9,14 +9,17 @@ from ._build import COMM_MODES, build_data_parallel, clip_grad_norm_
 from ._config import OverlapConfig
 from ._layout import Layout, plan_layout
 from ._optimizer import DistributedAdamW
+from ._sync import GradSync, OverlapGradSync
 from ._wrapper import OverlapDataParallel
 
 __all__ = [
     "COMM_MODES",
     "DistributedAdamW",
+    "GradSync",
     "Layout",
     "OverlapConfig",
     "OverlapDataParallel",
+    "OverlapGradSync",
     "__version__",
     "build_data_parallel",
     "clip_grad_norm_",
