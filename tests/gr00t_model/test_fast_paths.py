@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gr00t_model import GR00TConfig, GR00TN16, make_dummy_batch
+from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 
 
 def _release_tiny(**overrides) -> GR00TConfig:
@@ -65,7 +65,7 @@ def test_bf16_matmul_weights_compute_what_autocast_computes_from_fp32() -> None:
     fp32 = GR00TN16(_release_tiny()).train()
     bf16 = GR00TN16(_release_tiny(trainable_dtype="bfloat16")).train()
     with torch.no_grad():
-        for (name, p), q in zip(bf16.named_parameters(), fp32.parameters()):
+        for p, q in zip(bf16.parameters(), fp32.parameters()):
             p.copy_(q)  # the same values, rounded to bf16 where bf16 stores them
     matmul = {id(p) for p in bf16.matmul_weights()}
     for name, p in bf16.named_parameters():

@@ -59,7 +59,9 @@ class Backbone(nn.Module):
         """How many leading LLM layers read only frozen weights, with the vision tower, connector and token
         embeddings frozen too; None when one of those trains (then nothing runs before a trainable weight)."""
         lm = self.language_model
-        if any(p.requires_grad for m in (self.vision_model, self.mlp1, lm.embed_tokens) for p in m.parameters()):
+        if any(
+            p.requires_grad for m in (self.vision_model, self.mlp1, lm.embed_tokens) for p in m.parameters()
+        ):
             return None
         depth = 0
         for layer in lm.layers:

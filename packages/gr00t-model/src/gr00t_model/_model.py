@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._action_head import ActionHead, CategorySpecificLinear
+from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
 
@@ -74,14 +74,14 @@ class GR00TN16(nn.Module):
         self.train(self.training)
 
     def matmul_weights(self) -> list[nn.Parameter]:
-        """Parameters read only by matrix products (Linear weights and biases, per-embodiment projection
-        matrices): autocast rounds them to bf16 before use, so storing them in bf16 computes the same."""
+        """Linear weights and biases: each is read once per forward, by a matrix product that autocast feeds
+        with its bf16 rounding, so storing them in bf16 computes the same forward and the same gradients.
+        Not the per-embodiment projections: every sample gathers its slot's matrix, and the gradients of
+        those gathers accumulate in the weight's dtype (fp32 keeps them exact)."""
         out = []
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 out += [p for p in (module.weight, module.bias) if p is not None]
-            elif isinstance(module, CategorySpecificLinear):
-                out.append(module.W)
         return out
 
     def repeated_blocks(self) -> list[nn.Module]:

@@ -31,4 +31,3 @@ class DDPGradSync:
 
     def mark_synced(self) -> None:
         pass
-

@@ -86,4 +86,6 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         flops_per_sample=flops,
         tokens_per_sample=tokens,
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device),
+        frozen_prefix=model.frozen_prefix,
+        compile_model=model.compile_blocks,
     )

@@ -149,6 +149,16 @@ class OptimizationsConfig(_Section):
     """Gradient bucket size for the overlap wrappers, in MiB."""
     graph_warmup: int = 3
     """Eager steps before a CUDA graph is captured."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile every repeated block of the model (vision, LLM and DiT blocks; each block type compiles
+    once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
+    bf16_weights: bool = False
+    """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
+    the optimizer, which writes the bf16 copy; gradients accumulate in fp32. The same numbers as fp32 weights
+    under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and precision bf16."""
+    optimizer_overlap: bool = False
+    """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
+    frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
     sync_in_graph: bool = True
     """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
     graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
@@ -157,6 +167,11 @@ class OptimizationsConfig(_Section):
     def _check(self) -> None:
         require(self.bucket_mb > 0, "bucket_mb", f"must be > 0, got {self.bucket_mb}")
         require(self.graph_warmup >= 1, "graph_warmup", f"must be >= 1, got {self.graph_warmup}")
+        require(
+            not self.bf16_weights or self.comm == "zero1_overlap",
+            "bf16_weights",
+            f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
+        )
         require(
             self.comm != "ddp" or self.graph == "eager",
             "graph",
@@ -198,7 +213,8 @@ class LoggingConfig(_Section):
     plots: bool = True
     """Write loss-curve and step-time PNGs at the end."""
     peak_tflops: float | None = None
-    """Device peak for MFU, in TFLOP/s; None = known GPUs only (H200: 790 bf16, measured)."""
+    """Device peak for MFU, in TFLOP/s; None = the datasheet dense bf16 peak of a known GPU (H100/H200 989,
+    A100/A800 312), as torchtitan and Megatron count MFU."""
     summary_skip: int = 5
     """Leading steps left out of the throughput summary (compilation, capture, warm caches)."""
 
@@ -220,7 +236,8 @@ class TrainConfig(_Section):
     """auto = CUDA when available (one GPU per process under torchrun), else CPU."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """Model precision: bf16 = frozen weights bf16, trainable fp32, bf16 autocast (the release's policy);
-    fp32 = everything fp32; auto = bf16 on CUDA, the model preset's own choice on CPU."""
+    fp32 = everything fp32; auto = bf16 on CUDA (and with optimizations.bf16_weights), the model preset's own
+    choice on CPU."""
     output_dir: str = "runs/gr00t-train"
     """Where logs, plots, the resolved config and (by default) checkpoints go."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -232,6 +249,11 @@ class TrainConfig(_Section):
 
     def _check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        require(
+            not (self.optimizations.bf16_weights and self.precision == "fp32"),
+            "optimizations.bf16_weights",
+            "needs bf16 autocast; it cannot run with precision=fp32",
+        )
         require(bool(self.output_dir), "output_dir", "must not be empty")
 
     @property

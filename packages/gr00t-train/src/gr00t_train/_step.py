@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 
 import torch
 import vla_graph
+import vla_overlap
 
 from ._comm import SyncPlan
 from ._config import TrainConfig
@@ -63,19 +64,31 @@ def graphed_runner(
     parts: TrainParts,
     plan: SyncPlan,
     phase: Callable[[str], AbstractContextManager] | None = None,
+    updates: vla_overlap.UpdateStream | None = None,
 ) -> tuple[StepRunner, vla_graph.GraphedStep]:
     """The StepRunner of `cfg.optimizations.graph`, and the GraphedStep behind it (for its report).
 
-    `phase(name)` is the loop's timer: the explicit gradient sync is timed as `comm` with it."""
+    `phase(name)` is the loop's timer: the explicit gradient sync is timed as `comm` with it. With `updates`
+    (the optimizer runs on its side stream), each microbatch first computes the model's frozen prefix, then
+    waits for the update before the trainable part; gradients are zeroed on the side stream after it."""
     n = cfg.optim.grad_accum
+    split = updates is not None and parts.frozen_prefix is not None
 
     def microbatch_step(batch: Batch) -> torch.Tensor:
         # GraphedStep runs this under the sync's no_sync() / launch_in_backward() as the microbatch needs.
-        loss = parts.loss_fn(plan.module, batch)  # precision (autocast) is the model's own business
+        if split:
+            prefix = parts.frozen_prefix(batch)  # reads no trainable weight: overlaps the update
+            updates.wait()
+            loss = parts.loss_fn(plan.module, batch, prefix)
+        else:
+            if updates is not None:
+                updates.wait()
+            loss = parts.loss_fn(plan.module, batch)  # precision (autocast) is the model's own business
         (loss / n).backward()
         return loss.detach()
 
-    sync = plan.grad_sync if phase is None else TimedGradSync(plan.grad_sync, phase)
+    sync = plan.grad_sync if updates is None else updates.grad_sync(plan.grad_sync)
+    sync = sync if phase is None else TimedGradSync(sync, phase)
     step = vla_graph.GraphedStep(
         microbatch_step,
         params=[(name, p) for name, p in parts.model.named_parameters() if p.requires_grad],

@@ -70,6 +70,11 @@ class DistributedAdamW(torch.optim.Optimizer):
                 master.grad = self._grad_shards[bucket][window]
                 piece_groups[group_of[piece.slot]]["params"].append(master)
                 self.pieces.append((bucket, piece, master))
+        # Norms are summed in parameter order, whatever buckets and dtype buffers the pieces sit in, so the
+        # clipping coefficient does not depend on the layout (e.g. bf16 vs fp32 parameter buffers).
+        self._norm_order = sorted(
+            range(len(self.pieces)), key=lambda i: (self.pieces[i][1].slot, self.pieces[i][1].param_start)
+        )
         if fused is None and foreach is None and model._device.type == "cuda":
             fused = True
         self.inner = torch.optim.AdamW(
@@ -145,8 +150,9 @@ class DistributedAdamW(torch.optim.Optimizer):
         else:
             local = torch.zeros((), dtype=torch.float32, device=device)
             if grads:
+                ordered = [grads[i] for i in self._norm_order]
                 local = torch.linalg.vector_norm(
-                    torch.stack(torch._foreach_norm(grads, norm_type)), norm_type
+                    torch.stack(torch._foreach_norm(ordered, norm_type)), norm_type
                 )
             powered = local**norm_type
             self._comm.all_reduce_now(powered)
