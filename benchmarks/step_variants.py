@@ -19,6 +19,7 @@ difference. The `profile` row gives the GPU kernel time by family of the full st
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 import traceback
@@ -41,6 +42,8 @@ ROWS = {
         "optimizations.optimizer_overlap=true",
     ],  # fmt: skip
 }
+ROWS["ours-full-high-priority"] = ROWS["ours-full"]
+PRIORITY = {"ours-full-high-priority": -1}
 FREE = ("free-eager", "free-reduce-overhead")
 
 
@@ -63,11 +66,8 @@ class FixedBatches:
 
     def __init__(self, batches: list[dict]) -> None:
         self.batches, self.position = batches, 0
-        self.on_next = None
 
     def __next__(self) -> dict:
-        if self.on_next is not None:
-            self.on_next()
         batch = self.batches[self.position % len(self.batches)]
         self.position += 1
         return batch
@@ -119,7 +119,7 @@ def _batches(args, count: int = 1) -> list[dict]:
             for s in range(count)]  # fmt: skip
 
 
-def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout=True, profiler=None) -> dict:
+def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout=True) -> dict:
     import gr00t_train
 
     steps = steps or args.warmup + args.steps
@@ -127,14 +127,17 @@ def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout
     parts = _parts(cfg, env, batches or _batches(args))
     if not dropout:
         parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
-    if profiler is not None:
-        parts.data.on_next = profiler.step  # one batch per step: the profiler's schedule counts steps
+    priority = PRIORITY.get(name)
     _cuda("reset_peak_memory_stats")
     trainer = gr00t_train.Trainer(cfg, parts, env)
+    if priority is not None:  # measured variant: the optimizer's side stream at another priority
+        trainer.updates._stream = torch.cuda.Stream(priority=priority)
     summary = trainer.fit()
     row = {"row": name, "sets": sets, **summary.as_dict(), **trainer.run_facts()}
     row["losses"] = [json.loads(x)["loss"] for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+    parts.model.uncompile_blocks()  # the compiled forwards hold their blocks: let the model go
     del trainer, parts
+    gc.collect()
     _cuda("synchronize")
     _cuda("empty_cache")
     return row
@@ -219,9 +222,16 @@ def main() -> None:
                 if name == "parity":
                     result["parity"] = parity(args, out, env)
                     print("parity", result["parity"], flush=True)
-                elif name == "profile":
-                    result["kernel_families_ms"] = profile_full(args, out, env)
-                    print("kernel families (ms per step)", result["kernel_families_ms"], flush=True)
+                elif name.startswith("profile"):
+                    profiled = name.partition("=")[2] or "ours-full"
+                    result.setdefault("kernel_families_ms", {})[profiled] = found = profile_row(
+                        args, out, env, profiled
+                    )
+                    print(
+                        f"kernel families of {profiled} (ms per step)",
+                        json.dumps(found, indent=0),
+                        flush=True,
+                    )
                 else:
                     row = run_free(args, name) if name in FREE else run_ours(args, name, ROWS[name], out, env)
                     row["row_wall_s"] = time.perf_counter() - started
@@ -241,16 +251,19 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=1))
 
 
-def profile_full(args, out: Path, env, active: int = 3) -> dict:
-    """Kernel time by family over `active` steps of the full stack, after its warmup steps."""
-    from kernel_families import by_family
-    from torch.profiler import ProfilerActivity, profile, schedule
+def profile_row(args, out: Path, env, row: str, active: int = 3) -> dict:
+    """Kernel time by family (and the top kernels) over `active` steps of a row, after its warmup steps."""
+    import gr00t_train
+    from gr00t_train._profile import profile_steps
 
-    plan = schedule(wait=args.warmup + 1, warmup=1, active=active, repeat=1)
-    kinds = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
-    with profile(activities=kinds, schedule=plan) as prof:
-        run_ours(args, "profiled", ROWS["ours-full"], out, env, steps=args.warmup + 3 + active, profiler=prof)
-    return by_family(prof, active)
+    cfg = _config(args, "profiled", ROWS[row], args.warmup + 3 + active, out)
+    trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)
+    found = profile_steps(trainer, skip=args.warmup + 3, active=active)
+    trainer.parts.model.uncompile_blocks()
+    del trainer
+    gc.collect()
+    _cuda("empty_cache")
+    return found
 
 
 if __name__ == "__main__":

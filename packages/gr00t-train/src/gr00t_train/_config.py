@@ -10,7 +10,7 @@ from typing import Literal
 
 from ._config_types import check_fields, require
 
-DataMode = Literal["sync", "async"]
+DataMode = Literal["dataloader", "sync", "async"]
 CommMode = Literal["allreduce_after_backward", "ddp", "overlap", "zero1_overlap"]
 GraphMode = Literal["eager", "full_iteration", "per_microbatch"]
 
@@ -134,7 +134,9 @@ class OptimizationsConfig(_Section):
     """One switch per speed-up, so each row of the ablation ladder is one command line."""
 
     data: DataMode = "async"
-    """sync: load and preprocess in the training loop; async: the three-level pipeline."""
+    """async: vla-io's three-level pipeline; sync: the same, loaded in the training loop; dataloader: the
+    LeRobot-style baseline (a torch DataLoader with workers over single samples, the processor in the
+    workers, images prepared on the CPU)."""
     comm: CommMode = "overlap"
     """Gradient communication: all-reduce after backward, torch DDP, overlapped buckets, or ZeRO-1 + overlap."""
     graph: GraphMode = "eager"

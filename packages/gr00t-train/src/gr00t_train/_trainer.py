@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ class Trainer:
         self.step = 0
         self.samples_seen = 0
         self.first_step_s: float | None = None
+        self.step_callback: Callable[[], None] | None = None
+        """Called after every step (e.g. a profiler's step())."""
         self.out_dir = Path(cfg.output_dir)
 
     def _maybe_compile(self) -> int:
@@ -135,6 +138,7 @@ class Trainer:
         if not metrics.records:
             raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")
         summary = summarize(metrics.records, self.cfg.logging.summary_skip, self.throughput)
+        self.last_summary = summary
         if self.env.is_main:
             self._write_report(summary)
         return summary
@@ -166,6 +170,8 @@ class Trainer:
             self.step = step + 1
             self.samples_seen += self.global_batch
             pending.append(_Pending(self.step, loss, grad_norm, lr, ids, timer.end_step()))
+            if self.step_callback is not None:
+                self.step_callback()
             save_now = self._save_due()
             if self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now:
                 metrics.log(self._flush(pending))

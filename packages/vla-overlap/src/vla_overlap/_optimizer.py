@@ -158,7 +158,11 @@ class DistributedAdamW(torch.optim.Optimizer):
             self._comm.all_reduce_now(powered)
             total = powered ** (1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if grads:
+        if self.inner.defaults.get("fused"):
+            # The fused kernel divides each gradient by grad_scale as it reads it: clipping costs no pass over
+            # the gradients (GradScaler's hook; cleared after the step).
+            self.inner.grad_scale = 1.0 / coef
+        elif grads:
             torch._foreach_mul_(grads, coef)
         return total
 
@@ -170,7 +174,10 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._model.finish_param_sync()  # no gather may still be writing into the parameter buffer
         self._refresh_masters()
         self._prepare_grads()
-        self.inner.step()
+        try:
+            self.inner.step()
+        finally:
+            self.inner.grad_scale = None
         self._write_back()
         self._grads_ready = False
         self._model._start_param_gather()
