@@ -157,6 +157,11 @@ class Pipeline:
         self._stats.add("device", time.perf_counter() - start)
         return batch
 
+    @property
+    def _producer(self) -> Producer | None:
+        """The running background levels, if any (tests and benchmarks inspect them)."""
+        return self._background.producer
+
     def _ensure_producer(self) -> Producer:
         background = self._background
         with background.lock:
