@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 from pathlib import Path
 
 import gr00t_model
@@ -17,7 +17,8 @@ from ._parts import TrainParts
 
 log = logging.getLogger(__name__)
 DATASET_META = "dataset_meta"
-"""Checkpoint subfolder holding the dataset's modality.json and stats.json (what `infer` normalizes with)."""
+"""Checkpoint subfolder holding the modality.json (joint groups, cameras) and stats.json the run normalized
+with, whatever their source (what `infer` normalizes with)."""
 
 
 def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
@@ -25,21 +26,27 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     gr00t_model model, loss and random draws."""
     import vla_io
 
+    plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     model = _gr00t.build_model(cfg, env.device, tokenizer)
-    data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main)
+    data = _data.open_dataset(
+        cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan
+    )
     processor = _data.make_processor(
         data,
         model.config,
         tokenizer,
-        augment_on_device=cfg.data.augment,
+        augment_on_device=True,  # images always go to the device as uint8, prepared there per camera
         vlm_seq_len=cfg.model.vlm_seq_len,
+    )
+    augment = _data.device_augment(
+        processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
     )
     pipeline = vla_io.Pipeline(
         data.dataset,
         cfg.data.batch_size,
         transform=_data.host_transform(data, processor),
-        device_transform=_data.device_augment(processor, cfg.data.augment),
+        device_transform=augment,
         num_workers=cfg.data.num_workers,
         prefetch_per_worker=cfg.data.prefetch,
         seed=cfg.seed,
@@ -59,7 +66,8 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
     log.info(
         "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
-        "%d samples, %d batches per epoch per rank",
+        "%d samples, %d batches per epoch per rank; state %s, action %s (groups from %s); images on %s "
+        "with the %s backend",
         cfg.model.preset,
         sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
         len(data.camera_keys),
@@ -68,14 +76,20 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         data.horizon,
         len(data.dataset),
         len(pipeline),
+        list(data.features.modality["state"]),
+        list(data.features.modality["action"]),
+        data.features.source,
+        pipeline.device,
+        augment.backend_for(pipeline.device),
     )
+    dataset_meta = data.dataset_meta()
 
     def save(module: torch.nn.Module, folder: Path) -> None:
         _gr00t.save_model(module, folder)
         meta = folder / DATASET_META
         meta.mkdir()
-        for name in ("modality.json", "stats.json"):
-            shutil.copy2(data.root / "meta" / name, meta / name)
+        for name, content in dataset_meta.items():  # what was used, never a copy of the dataset's files
+            (meta / name).write_text(json.dumps(content, indent=2) + "\n")
 
     return TrainParts(
         model=model,
