@@ -130,3 +130,24 @@ def test_auto_backend_follows_the_recorded_measurement(monkeypatch):
         assert dali == "torch"  # measured faster, but not installed here
     augment = ImageAugment(ImageTransformConfig(size=(8, 8)), backend="auto")
     assert augment.backend_for("cpu") == "torch"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_cameras_of_mixed_sizes_on_the_gpu_match_the_cpu(plain, backend):
+    """Per-camera letterbox + crop + resize + jitter on the GPU, as a pipeline's device step runs it."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    ds = LeRobotDataset(plain, image_dtype="uint8", progress=False)
+    batch = ds.get_batch(list(range(8)))
+    keys = ["observation.images.front", "observation.images.wrist"]
+    cfg = ImageTransformConfig(
+        size=(252, 252), letterbox=True, crop_scale=(0.9025, 0.9025), brightness=0.1, contrast=0.1,
+        saturation=0.1, hue=36, same_across_views=True, mean=(0.5,) * 3, std=(0.5,) * 3,
+    )  # fmt: skip
+    seeds = torch.arange(8) + 100
+    cpu = ImageAugment(cfg, keys, stack_as="px")({**batch, "sample_seed": seeds})["px"]
+    on_gpu = {k: (v.cuda() if k in keys else v) for k, v in batch.items()}
+    gpu = ImageAugment(cfg, keys, backend=backend, stack_as="px")({**on_gpu, "sample_seed": seeds})["px"]
+    assert gpu.device.type == "cuda" and gpu.shape == cpu.shape == (8, 2, 3, 252, 252)
+    assert ((gpu.cpu() - cpu).abs() * 0.5 * 255).max().item() < 0.1  # as test_augment.py's GPU tolerance
