@@ -6,7 +6,10 @@ cannot be mapped stops with exit code 2 before the model is built."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import textwrap
+from pathlib import Path
 
 import pytest
 from _readonly import read_only
@@ -64,20 +67,20 @@ def test_plain_read_only_dataset_trains_with_dataset_and_cameras_only(plain, ver
 
 
 @pytest.mark.slow
-def test_groups_from_a_modality_file_outside_the_dataset(plain, tmp_path, losses):
-    root = plain["v3.0"]
-    groups = {
-        "state": {"position": {"start": 0, "end": 3}, "rest": {"start": 3, "end": 8}},
-        "action": {"delta": {"start": 0, "end": 6}, "gripper": {"start": 6, "end": 7}},
-        "video": {"front": {"original_key": "observation.images.front"}},
-    }
+def test_groups_from_the_readme_modality_file_outside_the_dataset(plain, tmp_path, losses):
+    """The modality.json example of the gr00t-train README, given with data.modality_file to a read-only
+    dataset: its groups, and its short camera names in data.cameras."""
+    readme = (Path(__file__).resolve().parents[2] / "packages" / "gr00t-train" / "README.md").read_text()
+    (example,) = re.findall(r"```json\n(.*?)```", readme, re.S)
     path = tmp_path / "modality.json"
-    path.write_text(json.dumps(groups))
-    out = tmp_path / "run"
+    path.write_text(textwrap.dedent(example))
+    root, out = plain["v3.0"], tmp_path / "run"
     with read_only(root):
-        assert main(_args(root, out, f"data.modality_file={path}", "steps=2", "data.cameras=front")) == 0
+        assert main(_args(root, out, f"data.modality_file={path}", "steps=2", "data.cameras=wrist,front")) == 0
     saved = json.loads((out / "checkpoints" / "step_000002" / "dataset_meta" / "modality.json").read_text())
-    assert list(saved["state"]) == ["position", "rest"] and list(saved["action"]) == ["delta", "gripper"]
+    assert list(saved["state"]) == ["eef_pos", "eef_axis_angle", "gripper"]
+    assert list(saved["action"]) == ["eef_delta_pos", "eef_delta_rot", "gripper"]
+    assert saved["state"]["gripper"] == {"start": 6, "end": 8, "original_key": "observation.state"}
 
 
 def _no_model(*args, **kwargs):
