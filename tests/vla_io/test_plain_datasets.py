@@ -28,7 +28,7 @@ MIXED = SynthConfig(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["v2.1", "v3.0"])
+@pytest.fixture(scope="module", params=["v2.0", "v2.1", "v3.0"])
 def plain(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"plain-{request.param}") / "ds"
     return write_synthetic_dataset(root, MIXED.with_(version=request.param), progress=False)
