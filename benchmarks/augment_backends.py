@@ -146,7 +146,7 @@ def _forever(pipe):
 
 
 def verdict(rows: list[dict]) -> str:
-    """"dali" when it is faster on the device step and not slower end to end in every configuration."""
+    """ "dali" when it is faster on the device step and not slower end to end in every configuration."""
     by_config: dict[str, dict[str, dict]] = {}
     for row in rows:
         by_config.setdefault(row["sizes"], {})[row["backend"]] = row
@@ -186,7 +186,9 @@ def main(argv=None) -> int:
                 row["pipeline_runs"] = rates[backend]
             rows.append(row)
     unit = "GPU" if args.device.startswith("cuda") else "CPU"
-    print(f"| cameras | backend | {unit} ms / batch of {args.batch_size} | host ms / batch | pipeline samples/s |")
+    print(
+        f"| cameras | backend | {unit} ms / batch of {args.batch_size} | host ms / batch | pipeline samples/s |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
         rate = r.get("pipeline_samples_per_s")

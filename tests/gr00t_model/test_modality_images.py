@@ -8,7 +8,14 @@ import math
 
 import pytest
 import torch
-from gr00t_model import EmbodimentSpec, GR00TConfig, GR00TProcessor, ImageSpec, ProcessorConfig, preprocess_images
+from gr00t_model import (
+    EmbodimentSpec,
+    GR00TConfig,
+    GR00TProcessor,
+    ImageSpec,
+    ProcessorConfig,
+    preprocess_images,
+)
 
 TINY = GR00TConfig.preset("tiny")
 
@@ -51,7 +58,9 @@ def test_non_finite_statistics_are_an_error_naming_key_and_index(dataset_meta, t
     meta.mkdir()
     (meta / "stats.json").write_text(json.dumps(stats))  # json writes NaN / Infinity
     (meta / "modality.json").write_text((dataset_meta / "modality.json").read_text())
-    with pytest.raises(ValueError, match=r"'observation.state' 'min' is (nan|inf) at index 9 \(joint group 'left_hand'\)"):
+    with pytest.raises(
+        ValueError, match=r"'observation.state' 'min' is (nan|inf) at index 9 \(joint group 'left_hand'\)"
+    ):
         EmbodimentSpec.from_lerobot_meta(meta, "gr1", action_horizon=16)
     # a statistic the group's mode does not use may be anything
     stats["observation.state"]["min"][9] = -1.0

@@ -60,7 +60,9 @@ def test_plain_read_only_dataset_trains_with_dataset_and_cameras_only(plain, ver
         assert list(modality["state"]) == ["eef_pos", "eef_axis_angle", "gripper"]
         assert list(modality["action"]) == ["eef_delta_pos", "eef_delta_rot", "gripper"]
     else:  # flat `names`: the whole feature is one group
-        assert modality["state"] == {"observation.state": {"start": 0, "end": 8, "original_key": "observation.state"}}
+        assert modality["state"] == {
+            "observation.state": {"start": 0, "end": 8, "original_key": "observation.state"}
+        }
         assert modality["action"] == {"action": {"start": 0, "end": 7, "original_key": "action"}}
     assert set(stats) == {"observation.state", "action"} and len(stats["action"]["q99"]) == 7  # computed
     assert set(json.loads(report.read_text())["mse"]) == set(modality["action"])
@@ -76,7 +78,9 @@ def test_groups_from_the_readme_modality_file_outside_the_dataset(plain, tmp_pat
     path.write_text(textwrap.dedent(example))
     root, out = plain["v3.0"], tmp_path / "run"
     with read_only(root):
-        assert main(_args(root, out, f"data.modality_file={path}", "steps=2", "data.cameras=wrist,front")) == 0
+        assert (
+            main(_args(root, out, f"data.modality_file={path}", "steps=2", "data.cameras=wrist,front")) == 0
+        )
     saved = json.loads((out / "checkpoints" / "step_000002" / "dataset_meta" / "modality.json").read_text())
     assert list(saved["state"]) == ["eef_pos", "eef_axis_angle", "gripper"]
     assert list(saved["action"]) == ["eef_delta_pos", "eef_delta_rot", "gripper"]
@@ -107,7 +111,10 @@ def test_unmappable_dataset_exits_2_before_the_model_is_built(plain, tmp_path, c
     for bad in ("observation.velocity", "observation.images.front"):
         assert main(_args(plain["v3.0"], tmp_path / "run", f"data.state_keys={bad}")) == 2
         err = capsys.readouterr().err
-        assert f"data.state_keys: '{bad}' is not a numeric vector feature" in err and "action (float32[7])" in err
+        assert (
+            f"data.state_keys: '{bad}' is not a numeric vector feature" in err
+            and "action (float32[7])" in err
+        )
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ fixed seed-0 generator.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 import torch
 from gr00t_train.cli import main
 
-STEPS, EVERY = 24, 4
+STEPS, EVERY = 16, 4  # killed at the first checkpoint: 12 steps left to interrupt
 
 
 def _argv(dataset: Path, out: Path, *sets: str) -> list[str]:
@@ -64,10 +65,8 @@ def _descendants(pid: int) -> list[int]:
 def _kill_9(pid: int) -> None:
     """SIGKILL a process and everything it started (launcher, ranks, data workers): the whole job dies."""
     for victim in [*_descendants(pid), pid]:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # already gone
             os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _run_cli(ranks: int, argv: list[str], kill_when: Path | None = None) -> None:
@@ -82,7 +81,9 @@ def _run_cli(ranks: int, argv: list[str], kill_when: Path | None = None) -> None
             return
         deadline = time.monotonic() + 240
         while not list(kill_when.glob("step_*")):
-            assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.stdout.read()[-4000:]
+            assert proc.poll() is None, (
+                "the run ended before it could be killed:\n" + proc.stdout.read()[-4000:]
+            )
             assert time.monotonic() < deadline, "no checkpoint appeared"
             time.sleep(0.01)
         assert proc.poll() is None, "the run finished before the kill"

@@ -6,9 +6,9 @@ import os
 
 import pytest
 import torch
-from vla_io._cache import default_dir
 from vla_io import DatasetFormatError, FrameCache, LeRobotDataset, read_frame_marker
 from vla_io._augment_torch import resize_uint8
+from vla_io._cache import default_dir
 
 
 def test_cache_at_source_size_returns_identical_batches(synth_root, tmp_path, batches_equal):

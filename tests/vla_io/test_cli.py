@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from vla_io._cache import default_dir
 from vla_io import LeRobotDataset
+from vla_io._cache import default_dir
 from vla_io.cli import main
 
 

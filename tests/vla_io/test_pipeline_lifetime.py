@@ -20,8 +20,8 @@ calls = []
 def busy(batch):  # from the second batch on, the host thread sits inside long torch ops
     calls.append(1)
     if len(calls) > 1:
-        x = torch.rand(1200, 1200)
-        for _ in range(6):
+        x = torch.rand(1000, 1000)
+        for _ in range(3):
             x = torch.tanh(x @ x)
     return batch
 
@@ -46,7 +46,9 @@ def _pipeline_threads() -> list[str]:
 
 
 def test_garbage_collection_stops_threads_and_workers(synth_root):
-    pipe = Pipeline(LeRobotDataset(synth_root("v2.1", "h264"), progress=False), 4, num_workers=2, device="cpu")
+    pipe = Pipeline(
+        LeRobotDataset(synth_root("v2.1", "h264"), progress=False), 4, num_workers=2, device="cpu"
+    )
     next(iter(pipe))
     workers = list(pipe._producer._pool._procs)
     assert len(_pipeline_threads()) == 2 and all(w.is_alive() for w in workers)

@@ -78,7 +78,9 @@ def test_statistics_are_computed_once_and_cached_outside(plain, tmp_path):
 def test_own_statistics_are_used_when_complete(synth_root, tmp_path):
     ds = LeRobotDataset(synth_root("v2.1", "h264"), progress=False)  # has stats.json
     stats = dataset_stats(ds, ["observation.state"], cache_dir=tmp_path)
-    np.testing.assert_array_equal(stats["observation.state"]["max"], ds.meta.stats["observation.state"]["max"])
+    np.testing.assert_array_equal(
+        stats["observation.state"]["max"], ds.meta.stats["observation.state"]["max"]
+    )
     assert not list(tmp_path.iterdir())  # nothing computed, nothing cached
 
 

@@ -53,7 +53,11 @@ def spec_fields(
                 group_stats = _group_stats(stats, feature, (start, end), mode, use_percentiles, name, source)
             groups.append(
                 JointGroup(
-                    name=name, start=offset + start, end=offset + end, mode=mode, stats=group_stats,
+                    name=name,
+                    start=offset + start,
+                    end=offset + end,
+                    mode=mode,
+                    stats=group_stats,
                     relative_to=rel,
                 )  # fmt: skip
             )

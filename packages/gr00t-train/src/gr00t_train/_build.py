@@ -29,9 +29,7 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     model = _gr00t.build_model(cfg, env.device, tokenizer)
-    data = _data.open_dataset(
-        cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan
-    )
+    data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
     processor = _data.make_processor(
         data,
         model.config,

@@ -147,7 +147,9 @@ def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise DataError(f"{path}: cannot read the statistics the checkpoint was trained with ({err})") from err
+        raise DataError(
+            f"{path}: cannot read the statistics the checkpoint was trained with ({err})"
+        ) from err
 
 
 def _spec(
@@ -196,7 +198,8 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
     def transform(raw: dict) -> dict:
         images = [raw[key] for key in cameras]  # per camera uint8 [B, C, H, W]
         out = processor(
-            {"images": images, "state": data.raw_state(raw), "action": data.raw_action(raw)}, tasks=raw["task"]
+            {"images": images, "state": data.raw_state(raw), "action": data.raw_action(raw)},
+            tasks=raw["task"],
         )
         if isinstance(out.get("images"), list):  # passthrough: the device step prepares them
             out.update(zip(CAMERA_SLOTS, out.pop("images")))

@@ -51,7 +51,9 @@ def map_features(cfg: Any, meta: Any, root: Path, modality_file: Path | None = N
         groups_file = root / "meta" / "modality.json"
     given = _read_modality(groups_file) if groups_file else {}
     where = str(groups_file) if groups_file else "the dataset's features"
-    video = {name: {"original_key": e.get("original_key", name)} for name, e in given.get("video", {}).items()}
+    video = {
+        name: {"original_key": e.get("original_key", name)} for name, e in given.get("video", {}).items()
+    }
     cameras = None if cfg.data.cameras is None else _camera_keys(meta, cfg.data.cameras, root, video)
     fmap = FeatureMap(root, meta, cameras, {"video": video}, where)
     for kind in ("state", "action"):
@@ -120,13 +122,13 @@ def feature_groups(key: str, feature: dict[str, Any]) -> dict[str, dict[str, Any
     feature's width and there are several), else the whole feature as one group named after it."""
     width = _width(feature)
     names = feature.get("names")
-    if isinstance(names, dict) and len(names) > 1 and all(isinstance(v, list) for v in names.values()):
-        if sum(len(v) for v in names.values()) == width:
-            groups, start = {}, 0
-            for name, members in names.items():
-                groups[name] = {"start": start, "end": start + len(members), "original_key": key}
-                start += len(members)
-            return groups
+    split = isinstance(names, dict) and len(names) > 1 and all(isinstance(v, list) for v in names.values())
+    if split and sum(len(v) for v in names.values()) == width:
+        groups, start = {}, 0
+        for name, members in names.items():
+            groups[name] = {"start": start, "end": start + len(members), "original_key": key}
+            start += len(members)
+        return groups
     return {key: {"start": 0, "end": width, "original_key": key}}
 
 

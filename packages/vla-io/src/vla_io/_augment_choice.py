@@ -11,7 +11,7 @@ beyond torch. Update this table from a new measurement, never by guess."""
 
 
 def auto_backend(device_type: str) -> str:
-    """"dali" where it was measured faster on `device_type` and it imports here, else "torch"."""
+    """ "dali" where it was measured faster on `device_type` and it imports here, else "torch"."""
     if MEASURED_FASTER.get(device_type) != "dali":
         return "torch"
     from ._augment_dali import dali_error

@@ -37,7 +37,7 @@ class ImageTransformConfig:
     a fixed `crop_scale`)."""
     letterbox: bool = False
     """Pad each frame with black bars, centred, to the aspect ratio of `size` before cropping, so frames
-    of any shape are never stretched (GR00T N1.6's release pads every camera to a square)."""
+    of any shape are never stretched (some VLA models' preprocessing pads every camera to a square)."""
     brightness: float = 0.0
     """Brightness factor drawn from [1 - brightness, 1 + brightness]."""
     contrast: float = 0.0

@@ -38,7 +38,9 @@ def dataset_stats(
     missing = []
     for key in keys:
         if key not in columns:
-            raise KeyError(f"{dataset.root}: no feature {key!r} in the data files (they have {sorted(columns)})")
+            raise KeyError(
+                f"{dataset.root}: no feature {key!r} in the data files (they have {sorted(columns)})"
+            )
         width = _width(columns[key])
         if _complete(own.get(key), width):
             out[key] = own[key]

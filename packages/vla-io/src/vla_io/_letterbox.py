@@ -1,5 +1,5 @@
 """Letterboxing: pad a frame with black bars, centred, to a target aspect ratio, so that resizing it to
-that shape never stretches it (GR00T N1.6's release pads every camera to a square before its crop)."""
+that shape never stretches it (some VLA models' preprocessing pads every camera to a square before cropping)."""
 
 from __future__ import annotations
 

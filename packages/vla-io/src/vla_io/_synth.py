@@ -65,7 +65,7 @@ class SynthConfig:
     seed: int = 0
     """Seed of the image texture and the smooth state/action curves."""
     modality: bool = True
-    """Write GR00T's `meta/modality.json`; False gives a plain LeRobot dataset."""
+    """Write a `meta/modality.json` (named slices of the state/action vectors); False: a plain LeRobot dataset."""
     stats: bool = True
     """Write statistics (`meta/stats.json`, v2.1's `episodes_stats.jsonl`, v3.0's per-episode `stats/*`
     columns); False writes none, like a dataset whose statistics were never computed."""

@@ -69,10 +69,12 @@ def _groups(dim: int, named: list[tuple[str, int, int]], fallback: str) -> list[
 
 
 def _modality(cfg: SynthConfig) -> dict:
-    """Named slices of the vectors (GR00T's modality.json), LIBERO-like where the sizes allow it."""
+    """Named slices of the vectors (meta/modality.json), LIBERO-like where the sizes allow it."""
     return {
         "state": {n: {"start": s, "end": e} for n, s, e in _groups(cfg.state_dim, _STATE_GROUPS, "state")},
-        "action": {n: {"start": s, "end": e} for n, s, e in _groups(cfg.action_dim, _ACTION_GROUPS, "action")},
+        "action": {
+            n: {"start": s, "end": e} for n, s, e in _groups(cfg.action_dim, _ACTION_GROUPS, "action")
+        },
         "video": {c: {"original_key": _video_key(c)} for c in cfg.cameras},
         "annotation": {"human.task_description": {"original_key": "task_index"}},
     }

@@ -37,7 +37,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _camera_options(text: str) -> dict:
-    """"front=96x128,wrist=64x64" (or plain names) -> SynthConfig fields."""
+    """ "front=96x128,wrist=64x64" (or plain names) -> SynthConfig fields."""
     names, sizes = [], []
     for item in text.split(","):
         name, _, size = item.strip().partition("=")
