@@ -613,3 +613,21 @@ def hang_the_first_time(ctx: Any, marker: str) -> int:
         open(marker, "w").close()
         time.sleep(3600)
     return ctx.rank
+
+
+# ------------------------------------------------------------------------------------------- fused clipping
+def fused_clip(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
+    """DistributedAdamW with global-norm clipping: fused AdamW (the clip folded into its grad_scale, no pass
+    over the gradients) vs the single-tensor AdamW (gradients multiplied by the clip coefficient)."""
+    out = {}
+    for fused in (False, True):
+        module = make_model()
+        model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "foreach": None, "fused": fused})
+        norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), micro, clip=0.05)
+        out[f"fused={fused}"] = {
+            "params": params_of(module),
+            "norms": norms,
+            "scale_left": opt.inner.grad_scale,
+        }
+    return out

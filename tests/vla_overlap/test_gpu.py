@@ -156,3 +156,35 @@ def test_explicit_grad_sync_is_capturable_in_a_cuda_graph(nccl, sharded: bool) -
         torch.cuda.synchronize()
         for p, g in zip(params, static):
             assert torch.equal(p.main_grad, g)  # world size 1: the mean is the value itself
+
+
+def test_update_stream_fence_holds_back_a_replayed_graph() -> None:
+    """Work on the side stream (slowed down on purpose) is finished before a graph that waits on the fence
+    reads its result: the wait is captured as an event-wait node and honours records made after capture."""
+    from vla_overlap import UpdateStream
+
+    updates = UpdateStream("cuda")
+    x = torch.zeros(1 << 20, device="cuda")
+    y = torch.zeros_like(x)
+
+    def read() -> None:
+        updates.wait()
+        y.copy_(x * 2)
+
+    with updates.side():
+        x.fill_(0.0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        read()  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        read()
+    for value in (1.0, 2.0, 3.0):
+        with updates.side():
+            torch.cuda._sleep(20_000_000)  # tens of milliseconds: a missing wait would read the old x
+            x.fill_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.all(y == 2 * value), value

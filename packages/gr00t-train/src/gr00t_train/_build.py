@@ -22,21 +22,52 @@ with, whatever their source (what `infer` normalizes with)."""
 
 
 def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
-    """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) ->
-    gr00t_model model, loss and random draws."""
-    import vla_io
-
+    """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
+    LeRobot-style baseline loader -> gr00t_model model, loss and random draws."""
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     model = _gr00t.build_model(cfg, env.device, tokenizer)
     data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
+    baseline = cfg.optimizations.data == "dataloader"
     processor = _data.make_processor(
         data,
         model.config,
         tokenizer,
-        augment_on_device=True,  # images always go to the device as uint8, prepared there per camera
+        # vla-io's pipeline: images go to the device as uint8 and are prepared there, per camera
+        augment_on_device=not baseline,
         vlm_seq_len=cfg.model.vlm_seq_len,
     )
+    vlm_tokens = processor.config.vlm_seq_len
+    flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
+    if baseline:  # the ablation ladder's first row
+        from ._baselines import LeRobotStyleSource, cpu_augmentation
+
+        cpu_augmentation(processor, cfg.data.augment)
+        source = LeRobotStyleSource(cfg, data, processor, env, check_first=model.validate_batch)
+    else:
+        source = _data.PipelineSource(_pipeline(cfg, env, data, processor), check_first=model.validate_batch)
+    log.info(
+        "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
+        "%d samples per epoch; state %s, action %s (groups from %s)",
+        cfg.model.preset,
+        sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
+        len(data.camera_keys),
+        data.camera_keys,
+        vlm_tokens,
+        data.horizon,
+        len(data.dataset),
+        list(data.features.modality["state"]),
+        list(data.features.modality["action"]),
+        data.features.source,
+    )
+    save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
+    return model_parts(cfg, env, model, source, save, flops, tokens)
+
+
+def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
+    """vla-io's pipeline: workers decode, the processor runs on the host thread, augmentation on the device."""
+    import vla_io
+
     augment = _data.device_augment(
         processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
     )
@@ -56,46 +87,38 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
     )
     if len(pipeline) == 0:
+        pipeline.close()
         raise DataError(
             f"data.batch_size: dataset {data.root} has {len(data.dataset)} samples, fewer than one batch of "
             f"{cfg.data.batch_size} per rank on {env.world_size} rank(s)"
         )
-    vlm_tokens = processor.config.vlm_seq_len
-    flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
     log.info(
-        "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
-        "%d samples, %d batches per epoch per rank; state %s, action %s (groups from %s); images on %s "
-        "with the %s backend",
-        cfg.model.preset,
-        sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
-        len(data.camera_keys),
-        data.camera_keys,
-        vlm_tokens,
-        data.horizon,
-        len(data.dataset),
-        len(pipeline),
-        list(data.features.modality["state"]),
-        list(data.features.modality["action"]),
-        data.features.source,
-        pipeline.device,
-        augment.backend_for(pipeline.device),
+        "images prepared on %s with the %s backend", pipeline.device, augment.backend_for(pipeline.device)
     )
-    dataset_meta = data.dataset_meta()
+    return pipeline
 
-    def save(module: torch.nn.Module, folder: Path) -> None:
-        _gr00t.save_model(module, folder)
-        meta = folder / DATASET_META
-        meta.mkdir()
-        for name, content in dataset_meta.items():  # what was used, never a copy of the dataset's files
-            (meta / name).write_text(json.dumps(content, indent=2) + "\n")
 
+def save_dataset_meta(module: torch.nn.Module, folder: Path, data) -> None:
+    """The model, and beside it the modality.json and stats.json the run normalized with (what `infer`
+    normalizes with): what was used, never a copy of the dataset's files (which may not exist)."""
+    _gr00t.save_model(module, folder)
+    meta = folder / DATASET_META
+    meta.mkdir()
+    for name, content in data.dataset_meta().items():
+        (meta / name).write_text(json.dumps(content, indent=2) + "\n")
+
+
+def model_parts(cfg: TrainConfig, env: DistEnv, model, source, save, flops, tokens) -> TrainParts:
+    """TrainParts of a GR00T model fed by `source`."""
     return TrainParts(
         model=model,
         loss_fn=_gr00t.gr00t_loss,
-        data=_data.PipelineSource(pipeline, check_first=model.validate_batch),
+        data=source,
         save_model=save,
         load_model=_gr00t.load_model_in_place,
         flops_per_sample=flops,
         tokens_per_sample=tokens,
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device),
+        frozen_prefix=model.frozen_prefix,
+        compile_model=model.compile_blocks,
     )

@@ -207,7 +207,8 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
         real = (~data.action_is_pad(raw).bool()).to(out["action_mask"].dtype)
         out["action_mask"][:, :horizon] *= real[:, :, None]
         out["episode_index"] = raw["episode_index"]
-        out["sample_seed"] = raw["sample_seed"]
+        if "sample_seed" in raw:  # vla_io.Pipeline's batches carry it; a plain DataLoader's do not
+            out["sample_seed"] = raw["sample_seed"]
         return out
 
     return transform

@@ -70,6 +70,11 @@ class DistributedAdamW(torch.optim.Optimizer):
                 master.grad = self._grad_shards[bucket][window]
                 piece_groups[group_of[piece.slot]]["params"].append(master)
                 self.pieces.append((bucket, piece, master))
+        # Norms are summed in parameter order, whatever buckets and dtype buffers the pieces sit in, so the
+        # clipping coefficient does not depend on the layout (e.g. bf16 vs fp32 parameter buffers).
+        self._norm_order = sorted(
+            range(len(self.pieces)), key=lambda i: (self.pieces[i][1].slot, self.pieces[i][1].param_start)
+        )
         if fused is None and foreach is None and model._device.type == "cuda":
             fused = True
         self.inner = torch.optim.AdamW(
@@ -145,14 +150,19 @@ class DistributedAdamW(torch.optim.Optimizer):
         else:
             local = torch.zeros((), dtype=torch.float32, device=device)
             if grads:
+                ordered = [grads[i] for i in self._norm_order]
                 local = torch.linalg.vector_norm(
-                    torch.stack(torch._foreach_norm(grads, norm_type)), norm_type
+                    torch.stack(torch._foreach_norm(ordered, norm_type)), norm_type
                 )
             powered = local**norm_type
             self._comm.all_reduce_now(powered)
             total = powered ** (1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if grads:
+        if self.inner.defaults.get("fused"):
+            # The fused kernel divides each gradient by grad_scale as it reads it: clipping costs no pass over
+            # the gradients (GradScaler's hook; cleared after the step).
+            self.inner.grad_scale = 1.0 / coef
+        elif grads:
             torch._foreach_mul_(grads, coef)
         return total
 
@@ -164,7 +174,10 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._model.finish_param_sync()  # no gather may still be writing into the parameter buffer
         self._refresh_masters()
         self._prepare_grads()
-        self.inner.step()
+        try:
+            self.inner.step()
+        finally:
+            self.inner.grad_scale = None
         self._write_back()
         self._grads_ready = False
         self._model._start_param_gather()

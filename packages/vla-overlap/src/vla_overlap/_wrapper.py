@@ -16,6 +16,7 @@ from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
+from ._sync import OverlapGradSync
 
 _BROADCAST_CHUNK_BYTES = 256 * 2**20
 
@@ -92,6 +93,8 @@ class OverlapDataParallel(nn.Module):
         self._handles = [
             p.register_post_accumulate_grad_hook(self._make_grad_hook(i)) for i, p in enumerate(self._params)
         ]
+        self.grad_sync = OverlapGradSync(self)
+        """This wrapper's gradient sync as one `GradSync` object, for step runners (e.g. vla_graph.GraphedStep)."""
 
     # ----------------------------------------------------------------------------------------- public API
     @property
