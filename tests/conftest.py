@@ -22,3 +22,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if "multigpu" in item.keywords and count < 2:
             item.add_marker(skip_multi)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_vla_io_cache(tmp_path_factory):
+    """What vla-io caches outside datasets (statistics, frames) goes to a temporary folder, not ~/.cache;
+    subprocesses inherit it through the environment."""
+    import os
+
+    old = os.environ.get("VLA_IO_CACHE")
+    os.environ["VLA_IO_CACHE"] = str(tmp_path_factory.mktemp("vla-io-cache"))
+    yield
+    if old is None:
+        os.environ.pop("VLA_IO_CACHE", None)
+    else:
+        os.environ["VLA_IO_CACHE"] = old
