@@ -4,8 +4,11 @@ torch's fused AdamW walks ~700 parameter views per step in chunks and reaches ab
 of an H200; the bf16 copy of the parameters and the gradient clipping are two more passes. Here every
 bucket's shard is contiguous (master weights, gradients, both moments), so one kernel per bucket reads the
 gradient (scaled by the clipping coefficient on the fly), updates the moments and the fp32 master, and writes
-the bf16 parameter copy in the same pass. Hyperparameters come from a small per-group table, looked up
-through a uint8 group id per element (255 marks padding between parameters, left untouched).
+the bf16 parameter copy in the same pass. Hyperparameters come from a small table, looked up through a uint8
+row id per element (255 marks padding between parameters, left untouched). A row is a parameter group at a
+step count: pieces of parameters that no rank used in some step (allow_unused_params) are padding for that
+step and then lag behind their group's count, so they get a row of their own (their own bias correction),
+as each parameter has its own step count in torch's AdamW.
 
 The moments stay visible as the inner torch AdamW's per-parameter state (views into the flat buffers), so
 state dicts, schedulers and inspection work as before. `kernel="triton"` runs on CUDA; `kernel="torch"` is
@@ -30,6 +33,8 @@ def flat_supported(opt: DistributedAdamW, kernel: str) -> str | None:
     """Why the flat step cannot run for this optimizer (None when it can)."""
     if len(opt.param_groups) >= PADDING:
         return f"{len(opt.param_groups)} parameter groups (at most {PADDING - 1})"
+    if any(master.dtype != torch.float32 for master in opt.masters):
+        return "float64 parameters (it steps float32 master weights)"
     for group in opt.param_groups:
         for key in ("amsgrad", "maximize", "differentiable", "capturable"):
             if group.get(key):
@@ -66,19 +71,24 @@ class FlatAdamW:
                 }
             )
         group_of = {id(p): g for g, group in enumerate(opt.param_groups) for p in group["params"]}
-        for bucket, piece, master in opt.pieces:
-            start = piece.shard_start
-            self.buckets[bucket]["group_ids"][start : start + piece.numel] = group_of[id(master)]
-        self.steps = [0] * len(opt.param_groups)
+        self.group_of_piece = [group_of[id(master)] for _, _, master in opt.pieces]
+        self.steps = [0] * len(opt.param_groups)  # per group
+        self.lags = [0] * len(opt.pieces)  # steps each piece missed: its count is its group's minus this
+        self.rows: list[tuple[int, int]] = []  # the table's rows, as (group, lag)
+        self.labels = [PADDING] * len(opt.pieces)  # the row id each piece's elements hold now
+        self.padded: set[int] = set()  # pieces skipped by the last step
         self.relink()
 
     def relink(self) -> None:
         """Make the inner AdamW's per-parameter state views into the flat buffers (copying what a state
         dict load put there), and read the step counts."""
         opt = self.opt
-        for g, group in enumerate(opt.param_groups):
-            counts = {int(opt.state[p]["step"]) for p in group["params"] if "step" in opt.state.get(p, {})}
-            self.steps[g] = max(counts, default=0)
+        counts = [int(opt.state.get(master, {}).get("step", 0)) for _, _, master in opt.pieces]
+        self.steps = [0] * len(opt.param_groups)
+        for g, count in zip(self.group_of_piece, counts):
+            self.steps[g] = max(self.steps[g], count)
+        self.lags = [self.steps[g] - count for g, count in zip(self.group_of_piece, counts)]
+        self._relabel(set())
         for bucket, piece, master in opt.pieces:
             flat = self.buckets[bucket]
             window = slice(piece.shard_start, piece.shard_start + piece.numel)
@@ -89,19 +99,39 @@ class FlatAdamW:
                     view.copy_(state[key].reshape(-1))
                 state[key] = view
 
+    def _relabel(self, skipped: set[int]) -> None:
+        """One row per (group, lag) among the pieces stepped now; rewrite the ids of pieces whose row moved
+        (none, while no parameter was ever skipped: one row per group, at lag 0)."""
+        live = {(g, lag) for i, (g, lag) in enumerate(zip(self.group_of_piece, self.lags)) if i not in skipped}
+        self.rows = sorted(live | {(g, 0) for g in range(len(self.steps))})
+        if len(self.rows) >= PADDING:
+            raise RuntimeError(
+                f"FlatAdamW: {len(self.rows)} distinct (parameter group, step count) pairs, at most "
+                f"{PADDING - 1} (parameters skipped in different steps): use DistributedAdamW(flat=None)"
+            )
+        row_of = {row: r for r, row in enumerate(self.rows)}
+        for i, (bucket, piece, _) in enumerate(self.opt.pieces):
+            label = PADDING if i in skipped else row_of[(self.group_of_piece[i], self.lags[i])]
+            if label != self.labels[i]:
+                window = slice(piece.shard_start, piece.shard_start + piece.numel)
+                self.buckets[bucket]["group_ids"][window] = label
+                self.labels[i] = label
+        self.padded = skipped
+
     def write_steps(self) -> None:
         """Put the step counts where torch keeps them (per parameter), for state dicts."""
         opt = self.opt
-        for g, group in enumerate(opt.param_groups):
-            if self.steps[g]:
-                for p in group["params"]:
-                    opt.state[p]["step"] = torch.tensor(float(self.steps[g]))
+        for (_, _, master), g, lag in zip(opt.pieces, self.group_of_piece, self.lags):
+            if self.steps[g] - lag:
+                opt.state[master]["step"] = torch.tensor(float(self.steps[g] - lag))
 
     def table(self, device: torch.device) -> torch.Tensor:
-        """Per group: (1 - lr * wd, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2))."""
+        """Per row (group, lag): (1 - lr * wd, beta1, beta2, eps, lr / bias_correction1,
+        sqrt(bias_correction2)), at the row's step count."""
         rows = []
-        for g, group in enumerate(self.opt.param_groups):
-            step = self.steps[g]
+        for g, lag in self.rows:
+            group = self.opt.param_groups[g]
+            step = max(self.steps[g] - lag, 1)  # a row no live piece uses may have count 0: any value
             beta1, beta2 = group["betas"]
             lr = float(group["lr"])
             rows.append([1.0 - lr * group["weight_decay"], beta1, beta2, group["eps"],
@@ -109,9 +139,14 @@ class FlatAdamW:
         return torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
 
     @torch.no_grad()
-    def step(self, coef: torch.Tensor | None) -> None:
-        """One AdamW step of every bucket; gradients are multiplied by `coef` (the clipping) as they are read."""
+    def step(self, coef: torch.Tensor | None, skipped: list[int] | tuple[int, ...] = ()) -> None:
+        """One AdamW step of every bucket; gradients are multiplied by `coef` (the clipping) as they are read.
+        `skipped`: pieces (indices into opt.pieces) left untouched, their step count not advanced."""
         self.steps = [s + 1 for s in self.steps]
+        if skipped or self.padded:
+            for i in skipped:
+                self.lags[i] += 1
+            self._relabel(set(skipped))
         table = self.table(self.opt.masters[0].device)
         run = _triton_step if self.kernel == "triton" else _torch_step
         for flat in self.buckets:

@@ -14,6 +14,9 @@ from ._flat_adamw import FlatAdamW, flat_supported
 from ._state import gather_state_dict, scatter_state_dict
 from ._wrapper import OverlapDataParallel
 
+_OWN_MASTERS = (torch.float32, torch.float64)
+"""Parameter dtypes stepped in place (their own master weights); others get fp32 master copies."""
+
 
 class DistributedAdamW(torch.optim.Optimizer):
     """AdamW whose fp32 master weights and moments exist only for this rank's shard of every bucket.
@@ -25,6 +28,9 @@ class DistributedAdamW(torch.optim.Optimizer):
 
     ``param_groups`` are the inner AdamW's groups (over shard pieces), so LR schedulers work as usual.
     fp32 parameters are their own master copy (their shard of the parameter buffer is stepped in place).
+    float64 parameters too (fp64 master weights and moments). Frozen parameters in ``params`` are skipped,
+    as torch optimizers skip parameters without a gradient; so are parameters that no rank used in a step
+    (``OverlapConfig.allow_unused_params``), as under torch DDP.
     ``flat="auto"`` (unless foreach or unfused is asked for; on CUDA with Triton) steps each bucket's shard in one
     pass that also applies the clipping and writes the bf16 copy (FlatAdamW); "torch" runs that arithmetic
     in torch ops, None keeps torch's AdamW.
@@ -60,11 +66,12 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._grad_shards: list[torch.Tensor] = []
         for bucket in range(len(layout.buckets)):
             shard = gather.shard_view(bucket)
-            self.masters.append(shard if shard.dtype == torch.float32 else shard.float())
+            master = shard if shard.dtype in _OWN_MASTERS else shard.float()
+            self.masters.append(master)
             grad = model._grads.shard_view(bucket)
-            self._grad_shards.append(
-                grad if grad.dtype == torch.float32 else torch.zeros_like(grad, dtype=torch.float32)
-            )
+            self._grad_shards.append(grad if grad.dtype == master.dtype else torch.zeros_like(master))
+        # Every rank all-reduces its partial norm in this dtype, whichever buffers its own pieces sit in.
+        self._norm_dtype = torch.float64 if torch.float64 in {m.dtype for m in self.masters} else torch.float32
         group_of = {slot: g for g, slots in enumerate(self.group_slots) for slot in slots}
         piece_groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in user_groups]
         self.pieces: list[tuple[int, Any, torch.Tensor]] = []  # (bucket, ShardPiece, master view)
@@ -163,19 +170,23 @@ class DistributedAdamW(torch.optim.Optimizer):
         grads = self._prepare_grads()
         device = self._grad_shards[0].device
         norm_type = float(norm_type)
+        dtype = self._norm_dtype
         if norm_type == math.inf:
             local = (
-                torch.stack([g.abs().max() for g in grads]).max() if grads else torch.zeros((), device=device)
+                torch.stack([g.abs().max().to(dtype) for g in grads]).max()
+                if grads
+                else torch.zeros((), dtype=dtype, device=device)
             )
             self._comm.all_reduce_now(local, dist.ReduceOp.MAX)
             total = local
         else:
-            local = torch.zeros((), dtype=torch.float32, device=device)
+            local = torch.zeros((), dtype=dtype, device=device)
             if grads:
                 ordered = [grads[i] for i in self._norm_order]
-                local = torch.linalg.vector_norm(
-                    torch.stack(torch._foreach_norm(ordered, norm_type)), norm_type
-                )
+                norms = torch._foreach_norm(ordered, norm_type)
+                if dtype == torch.float64:  # fp32 and fp64 pieces: one dtype to stack
+                    norms = [n.to(dtype) for n in norms]
+                local = torch.linalg.vector_norm(torch.stack(norms), norm_type)
             powered = local**norm_type
             self._comm.all_reduce_now(powered)
             total = powered ** (1.0 / norm_type)
@@ -185,7 +196,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         elif self.inner.defaults.get("fused"):
             # The fused kernel divides each gradient by grad_scale as it reads it: clipping costs no pass over
             # the gradients (GradScaler's hook; cleared after the step).
-            self.inner.grad_scale = 1.0 / coef
+            self.inner.grad_scale = (1.0 / coef).float()  # the kernels read a float32 scale
         elif grads:
             torch._foreach_mul_(grads, coef)
         return total
@@ -198,14 +209,22 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._model.finish_param_sync()  # no gather may still be writing into the parameter buffer
         self._refresh_masters()
         self._prepare_grads()
+        unused = self._model.unused_slots  # no rank used them: not stepped, as torch DDP + AdamW would not
+        skipped = [i for i, (_, piece, _) in enumerate(self.pieces) if piece.slot in unused] if unused else []
         if self.flat is not None:
             coef, self._clip_coef = self._clip_coef, None
-            self.flat.step(coef)  # writes the bf16 parameter copy in the same pass
+            self.flat.step(coef, skipped)  # writes the bf16 parameter copy in the same pass
         else:
+            masters = [self.pieces[i][2] for i in skipped]
+            grads = [master.grad for master in masters]
+            for master in masters:
+                master.grad = None  # torch's AdamW skips a parameter without a gradient
             try:
                 self.inner.step()
             finally:
                 self.inner.grad_scale = None
+                for master, grad in zip(masters, grads):
+                    master.grad = grad
             self._write_back()
         self._grads_ready = False
         self._model._start_param_gather()
@@ -251,19 +270,21 @@ def _user_groups(model: OverlapDataParallel, params: Any) -> list[dict[str, Any]
     seen: set[int] = set()
     names = {id(p): n for n, p in model.module.named_parameters()}
     for index, group in enumerate(groups):
-        group["params"] = (
-            list(group["params"]) if not isinstance(group["params"], torch.Tensor) else [group["params"]]
-        )
+        given = list(group["params"]) if not isinstance(group["params"], torch.Tensor) else [group["params"]]
+        # Frozen parameters never get a gradient: skipped, as torch optimizers skip them at each step.
+        group["params"] = [p for p in given if p.requires_grad]
         for param in group["params"]:
             if id(param) not in model._slot_of:
                 where = names.get(id(param), f"a tensor of shape {tuple(param.shape)}")
                 raise ValueError(
                     f"param_groups[{index}] holds {where!r}, which is not a trainable parameter of the wrapped "
-                    "module (frozen parameters are not bucketed)"
+                    "module (parameters frozen when the wrapper was built are not bucketed)"
                 )
             if id(param) in seen:
                 raise ValueError(f"parameter {names[id(param)]!r} appears in more than one parameter group")
             seen.add(id(param))
     if not seen:
-        raise ValueError("DistributedAdamW got an empty parameter list")
+        raise ValueError(
+            "DistributedAdamW got no trainable parameter (frozen ones, requires_grad=False, are skipped)"
+        )
     return groups

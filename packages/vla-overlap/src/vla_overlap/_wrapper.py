@@ -11,15 +11,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._broadcast import broadcast_module_states
 from ._comm import CommStream, Communicator
 from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets, accumulate_into
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
+from ._shard_grad import placeholders
 from ._sync import OverlapGradSync
-
-_BROADCAST_CHUNK_BYTES = 256 * 2**20
-
+from ._used import UsedFlags
 
 def _current_autograd_node() -> Any:
     """The autograd node being executed by this thread (None outside backward), where torch exposes it."""
@@ -66,7 +66,7 @@ class OverlapDataParallel(nn.Module):
             )
         self._device = devices.pop()
         if self.config.sync_module_states and self._comm.size > 1:
-            self._broadcast_module_states()
+            broadcast_module_states(module, self._comm)
         self.layout: Layout = plan_layout(
             [(name, p.dtype, p.numel()) for name, p in named],
             world_size=self._comm.size,
@@ -87,6 +87,11 @@ class OverlapDataParallel(nn.Module):
         self._last_microbatch = True
         self._finish_in_backward = True  # False inside launch_in_backward()
         self._seen = [False] * len(self._params)
+        self._used = (
+            UsedFlags(self._comm, self._stream, self._device) if self.config.allow_unused_params else None
+        )
+        self._unused: frozenset[int] = frozenset()  # slots no rank used this step: .grad stays None
+        self._placeholders: list[torch.Tensor] = []  # the .grad of each parameter under ZeRO-1
         self._hooks_fired = False
         self._callback_queued = False
         self._phase = _Phase.ACCUMULATING
@@ -115,6 +120,12 @@ class OverlapDataParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> OverlapDataParallel:
+        """Also behind `eval()`: finishes pending parameter gathers first (`finish_param_sync()`, a collective
+        when gathers are pending), so parameters read after switching modes are current."""
+        self.finish_param_sync()
+        return super().train(mode)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -152,12 +163,12 @@ class OverlapDataParallel(nn.Module):
         """Start a new step: zero the gradient buffers and forget which gradients arrived."""
         self._grads.reset(zero=not self.config.overwrite_first_grad)
         self._seen = [False] * len(self._params)
+        self._unused = frozenset()
         self._hooks_fired = False
         self._callback_queued = False
         self._phase = _Phase.ACCUMULATING
-        if self._sharded_optimizer is None:
-            for param in self._params:
-                param.grad = None
+        for param in self._params:
+            param.grad = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Same as `zero_grad_buffer()` (the buffers are the gradients; `set_to_none` is accepted for
@@ -173,6 +184,8 @@ class OverlapDataParallel(nn.Module):
         self._fold_param_grads()
         self._zero_unseen()  # a bucket holding one is not complete, so not launched yet
         self._grads.launch_all()
+        if self._used is not None:
+            self._used.launch(self._seen)
         self._phase = _Phase.LAUNCHED
         # Checked after launching, so that the other ranks' collectives still complete if this one raises.
         if self._hooks_fired and not self.config.allow_unused_params:
@@ -187,18 +200,35 @@ class OverlapDataParallel(nn.Module):
             return
         self.start_grad_sync()
         self._grads.wait_all()
+        if self._used is not None:
+            self._unused = self._used.wait()
         self._phase = _Phase.FINISHED
         self._expose_grads()
 
     def _expose_grads(self) -> None:
-        """Without a sharded optimizer, the reduced buffers become `param.grad` (any torch optimizer)."""
+        """Without a sharded optimizer, the reduced buffers become `param.grad` (any torch optimizer); with
+        one, a placeholder that raises when used (each rank holds only a shard). Parameters that no rank
+        used keep `.grad` None, as under torch DDP, so optimizers skip them."""
         if self._sharded_optimizer is None:
             for param, main_grad in zip(self._params, self._grads.main_grads):
                 param.grad = main_grad if main_grad.dtype == param.dtype else main_grad.to(param.dtype)
+        else:
+            for param, placeholder in zip(self._params, self._placeholders):
+                param.grad = placeholder
+        for slot in self._unused:
+            self._params[slot].grad = None
+
+    @property
+    def unused_slots(self) -> frozenset[int]:
+        """Slots (indices into `layout.slots`) of the parameters no rank used this step, known once the
+        gradients are synchronized; always empty unless `allow_unused_params`."""
+        return self._unused
 
     def finish_param_sync(self) -> None:
-        """With a sharded optimizer: make sure every parameter holds the gathered values of the last step
-        (needed before reading parameters outside a forward pass; `state_dict()` does it for you)."""
+        """With a sharded optimizer and `overlap_param_gather`: make every parameter hold the gathered values
+        of the last step. Parameters are otherwise gathered by the next forward pass: call this (on every
+        rank: it is a collective while gathers are pending) before reading them some other way. The state
+        dicts of the model and the optimizer, `eval()` and `train()` call it for you."""
         if self._gather is not None and self._gather.pending:
             self._gather.finish()
 
@@ -297,6 +327,7 @@ class OverlapDataParallel(nn.Module):
             raise RuntimeError("create the sharded optimizer before the first backward pass")
         self._sharded_optimizer = optimizer
         self._grads.sharded = True
+        self._placeholders = placeholders(self._params, [slot.name for slot in self.layout.slots])
         self._gather = ParamGather(self.layout, self._params, self._device, self._comm, self._stream)
         if self.config.overlap_param_gather:
             self._register_gather_pre_hooks()
@@ -334,28 +365,3 @@ class OverlapDataParallel(nn.Module):
                     gather.ensure(bucket)
 
         return hook
-
-    def _broadcast_module_states(self) -> None:
-        tensors = [p.data for p in self.module.parameters()] + list(self.module.buffers())
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for tensor in tensors:
-            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
-        with torch.no_grad():
-            for group in groups.values():
-                chunk: list[torch.Tensor] = []
-                size = 0
-                for i, tensor in enumerate(group):
-                    chunk.append(tensor)
-                    size += tensor.numel() * tensor.element_size()
-                    if size >= _BROADCAST_CHUNK_BYTES or i == len(group) - 1:
-                        self._broadcast_chunk(chunk)
-                        chunk, size = [], 0
-
-    def _broadcast_chunk(self, chunk: list[torch.Tensor]) -> None:
-        """One collective for many tensors of a dtype: flatten, broadcast, copy back."""
-        flat = torch.cat([t.reshape(-1) for t in chunk])
-        self._comm.broadcast_now(flat)
-        offset = 0
-        for t in chunk:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
