@@ -709,12 +709,13 @@ def replayed_buffers(ctx: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- edge cases (issue 14, item 8)
-EDGE_STEPS = 4
+EDGE_STEPS = 5
 
 
 def _edge_uses_branch(step: int, rank: int) -> bool:
-    """The optional branch: rank 0 only at step 0 (moments start), nobody at 1 and 3, everyone at 2."""
-    return (step == 0 and rank == 0) or step == 2
+    """The optional branch: rank 0 only at steps 0 and 1 (moments start; with gathers pending at 1), nobody
+    at 2 and 4, everyone at 3."""
+    return (step < 2 and rank == 0) or step == 3
 
 
 def _edge_module(dtype: torch.dtype = torch.float32) -> ToyNet:
@@ -733,7 +734,7 @@ def _edge_build(
         model = DistributedDataParallel(module, process_group=ctx.group, find_unused_parameters=find_unused)
         return model, torch.optim.AdamW(params, **ADAMW)
     config = OverlapConfig(
-        bucket_size=600,
+        bucket_size=config.pop("bucket_size", 600),
         overlap_grad_reduce=mode != "allreduce_after_backward",
         overlap_param_gather=mode != "zero1_sync_gather",
         allow_unused_params=True,
@@ -746,23 +747,35 @@ def _edge_build(
     return model, torch.optim.AdamW(params, **ADAMW)
 
 
-def unused_everywhere(ctx: Any) -> dict[str, Any]:
-    """Parameters no rank used in a step (and one never used) vs DDP, whose AdamW skips them (grad None)."""
+def unused_everywhere(ctx: Any, bucket_size: int = 600, micro: int = 2) -> dict[str, Any]:
+    """Parameters no rank used in a step (and one never used) vs DDP, whose AdamW skips them (grad None).
+    bucket_size=1, micro=1: every parameter in a bucket of its own and one forward per step, so the lazy
+    gathers of the buckets after the branch are dispatched before backward on the ranks that run it only."""
     out = {}
     for mode in ("ddp", "overlap", "allreduce_after_backward", "zero1", "zero1_sync_gather", "zero1_flat"):
         module = _edge_module()
-        model, opt = _edge_build(ctx, mode, module, find_unused=True)
+        model, opt = _edge_build(ctx, mode, module, find_unused=True, bucket_size=bucket_size)
         grads_none = []
         for step in range(EDGE_STEPS):
             module.use_extra = _edge_uses_branch(step, ctx.rank)
             model.zero_grad()
-            for m in range(2):
+            for m in range(micro):
                 x, y = batch(step, m, ctx.rank, ctx.world_size)
-                with contextlib.nullcontext() if m == 1 else model.no_sync():
-                    (F.mse_loss(model(x), y) / 2).backward()
+                with contextlib.nullcontext() if m == micro - 1 else model.no_sync():
+                    (F.mse_loss(model(x), y) / micro).backward()
             grads_none.append([module.unused.weight.grad is None, module.dead.weight.grad is None])
             opt.step()
-        out[mode] = {"params": params_of(module), "grads_none": grads_none}
+        if isinstance(opt, DistributedAdamW):
+            # through a state dict round trip: the step counts a fresh optimizer read back (flat: per piece)
+            fresh_module = _edge_module()
+            _, fresh_opt = _edge_build(ctx, mode, fresh_module, bucket_size=bucket_size)
+            fresh_opt.load_state_dict(opt.state_dict())
+            saved = fresh_opt.state_dict()["state"]
+            steps = {name: float(entry["step"]) for name, entry in saved.items() if "step" in entry}
+        else:
+            names = {id(p): name for name, p in module.named_parameters()}
+            steps = {names[id(p)]: float(entry["step"]) for p, entry in opt.state.items()}
+        out[mode] = {"params": params_of(module), "grads_none": grads_none, "steps": steps}
     return out
 
 
@@ -850,7 +863,11 @@ def float64_params(ctx: Any) -> dict[str, Any]:
         if mode != "ddp":
             saved = opt.state_dict()["state"]
             out[mode]["dtypes"] = sorted(
-                {str(entry[key].dtype) for entry in saved.values() for key in ("master", "exp_avg", "exp_avg_sq")}
+                {
+                    str(entry[key].dtype)
+                    for entry in saved.values()
+                    for key in ("master", "exp_avg", "exp_avg_sq")
+                }
                 | {str(m.dtype) for m in opt.masters}
             )
     try:

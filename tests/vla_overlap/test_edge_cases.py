@@ -34,7 +34,13 @@ def test_parameters_no_rank_used_are_not_stepped_like_ddp(unused_runs, world_siz
     where no rank used a parameter, and AdamW skips it (no weight decay, no momentum)."""
     for rank_result in unused_runs[world_size]:
         reference = rank_result["ddp"]
-        assert reference["grads_none"] == [[False, True], [True, True], [False, True], [True, True]]
+        assert reference["grads_none"] == [
+            [False, True],
+            [False, True],
+            [True, True],
+            [False, True],
+            [True, True],
+        ]
         if mode == "zero1_flat":  # the flat step agrees with torch's AdamW to fp32 rounding
             for name, value in reference["params"].items():
                 torch.testing.assert_close(rank_result[mode]["params"][name], value, rtol=1e-5, atol=1e-7)
@@ -42,6 +48,20 @@ def test_parameters_no_rank_used_are_not_stepped_like_ddp(unused_runs, world_siz
             assert_params(rank_result[mode]["params"], reference["params"], bitwise=world_size == 2)
         if not mode.startswith("zero1"):  # without a sharded optimizer, .grad is exposed as DDP does
             assert rank_result[mode]["grads_none"] == reference["grads_none"]
+        # AdamW's step count per parameter: 3 for the branch, none for the dead layer, 5 for the rest
+        assert rank_result[mode]["steps"] == reference["steps"]
+        assert reference["steps"]["unused.weight"] == 3.0 and "dead.weight" not in reference["steps"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_branch_some_ranks_skip_keeps_the_lazy_gathers_in_step(pool, world_size: int) -> None:
+    """One forward per step, a bucket per parameter: the ranks that run the branch dispatch the gathers of
+    the buckets after it in their forward, the others do not. Every rank must still issue the same
+    collectives in the same order (before: a hang, gloo timing out)."""
+    for rank_result in pool.run("unused_everywhere", world_size, bucket_size=1, micro=1):
+        reference = rank_result["ddp"]["params"]
+        for mode in ("overlap", "zero1", "zero1_sync_gather"):
+            assert_params(rank_result[mode]["params"], reference, bitwise=world_size == 2)
 
 
 def test_frozen_parameters_in_the_groups_are_skipped(pool) -> None:
@@ -57,7 +77,9 @@ def test_torch_clip_grad_norm_under_zero1_raises_and_points_to_ours(pool) -> Non
     for result in pool.run("torch_clip_under_zero1", 2):
         for step in range(2):
             message = result[f"torch_clip_{step}"]
-            assert "optimizer.clip_grad_norm_" in message and "vla_overlap.clip_grad_norm_" in message, message
+            assert "optimizer.clip_grad_norm_" in message and "vla_overlap.clip_grad_norm_" in message, (
+                message
+            )
             assert result[f"ours_{step}"] > 0
             assert result[f"none_after_zero_grad_{step}"]
         assert "zero_grad()" in result["late_backward"], result["late_backward"]
@@ -84,7 +106,9 @@ def test_float64_parameters_keep_float64_master_weights_and_moments(pool, world_
         for name, value in reference["params"].items():
             torch.testing.assert_close(result["zero1"]["params"][name], value, rtol=1e-12, atol=1e-14)
             # fp32 gradient buffers round the gradients, not the weights: fp32-level agreement, fp64 weights
-            torch.testing.assert_close(result["zero1_fp32_grads"]["params"][name], value, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                result["zero1_fp32_grads"]["params"][name], value, rtol=1e-5, atol=1e-6
+            )
         torch.testing.assert_close(
             torch.tensor(result["zero1"]["norms"]), torch.tensor(reference["norms"]), rtol=1e-12, atol=0
         )

@@ -102,7 +102,9 @@ class FlatAdamW:
     def _relabel(self, skipped: set[int]) -> None:
         """One row per (group, lag) among the pieces stepped now; rewrite the ids of pieces whose row moved
         (none, while no parameter was ever skipped: one row per group, at lag 0)."""
-        live = {(g, lag) for i, (g, lag) in enumerate(zip(self.group_of_piece, self.lags)) if i not in skipped}
+        live = {
+            (g, lag) for i, (g, lag) in enumerate(zip(self.group_of_piece, self.lags)) if i not in skipped
+        }
         self.rows = sorted(live | {(g, 0) for g in range(len(self.steps))})
         if len(self.rows) >= PADDING:
             raise RuntimeError(

@@ -71,7 +71,9 @@ class DistributedAdamW(torch.optim.Optimizer):
             grad = model._grads.shard_view(bucket)
             self._grad_shards.append(grad if grad.dtype == master.dtype else torch.zeros_like(master))
         # Every rank all-reduces its partial norm in this dtype, whichever buffers its own pieces sit in.
-        self._norm_dtype = torch.float64 if torch.float64 in {m.dtype for m in self.masters} else torch.float32
+        self._norm_dtype = (
+            torch.float64 if torch.float64 in {m.dtype for m in self.masters} else torch.float32
+        )
         group_of = {slot: g for g, slots in enumerate(self.group_slots) for slot in slots}
         piece_groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in user_groups]
         self.pieces: list[tuple[int, Any, torch.Tensor]] = []  # (bucket, ShardPiece, master view)

@@ -31,7 +31,9 @@ class ShardedGrad(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     def __repr__(self) -> str:  # printing must not raise
-        return f"ShardedGrad({self._name!r}, shape={tuple(self.shape)}, dtype={self.dtype}: sharded over ranks)"
+        return (
+            f"ShardedGrad({self._name!r}, shape={tuple(self.shape)}, dtype={self.dtype}: sharded over ranks)"
+        )
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

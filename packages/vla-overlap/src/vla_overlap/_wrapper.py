@@ -21,6 +21,7 @@ from ._shard_grad import placeholders
 from ._sync import OverlapGradSync
 from ._used import UsedFlags
 
+
 def _current_autograd_node() -> Any:
     """The autograd node being executed by this thread (None outside backward), where torch exposes it."""
     current = getattr(torch._C, "_current_autograd_node", None)
@@ -183,6 +184,7 @@ class OverlapDataParallel(nn.Module):
             return
         self._fold_param_grads()
         self._zero_unseen()  # a bucket holding one is not complete, so not launched yet
+        self.finish_param_sync()  # see _on_grad
         self._grads.launch_all()
         if self._used is not None:
             self._used.launch(self._seen)
@@ -263,6 +265,10 @@ class OverlapDataParallel(nn.Module):
         param.grad = None
         self._hooks_fired = True
         if self._last_microbatch:
+            # Forward pre-hooks dispatch gathers only for the modules a rank ran (and one ahead): a module
+            # that ran on some ranks only leaves the others with fewer gathers. Finishing them before the
+            # step's first gradient collective keeps every rank's sequence of collectives the same.
+            self.finish_param_sync()
             if self._finish_in_backward and not self._callback_queued:
                 self._callback_queued = True
                 self._queue_backward_end()
