@@ -877,3 +877,30 @@ def float64_params(ctx: Any) -> dict[str, Any]:
     except ValueError as error:
         out["flat"] = str(error)
     return out
+
+
+def unused_flags_without_python_gradients(ctx: Any) -> dict[str, Any]:
+    """allow_unused_params when no gradient went through Python (what a replayed CUDA graph leaves): written
+    into main_grad then start/finish_grad_sync, or recorded with mark_grads_synced(). Nothing was "seen", so
+    everything counts as used; one rank's eager step with the branch unused in between."""
+    module = _edge_module()
+    model, opt = _edge_build(ctx, "overlap", module)
+    params = model.trainable_parameters()
+    out: dict[str, Any] = {}
+    for step, how in enumerate(("main_grad", "eager", "mark_grads_synced")):
+        model.zero_grad()
+        module.use_extra = False
+        if how == "eager":
+            x, y = batch(step, 0, ctx.rank, ctx.world_size)
+            F.mse_loss(model(x), y).backward()
+        else:
+            for p in params:
+                p.main_grad.fill_(1.0)
+            if how == "main_grad":
+                model.start_grad_sync()
+                model.finish_grad_sync()
+            else:
+                model.mark_grads_synced()
+        out[how] = sorted(n for n, p in module.named_parameters() if p.requires_grad and p.grad is None)
+        opt.step()
+    return out

@@ -64,6 +64,13 @@ def test_a_branch_some_ranks_skip_keeps_the_lazy_gathers_in_step(pool, world_siz
             assert_params(rank_result[mode]["params"], reference, bitwise=world_size == 2)
 
 
+def test_without_gradients_through_python_every_parameter_counts_as_used(pool) -> None:
+    """A replayed CUDA graph runs no hook: nothing was seen, so nothing is skipped (and no rank hangs)."""
+    for result in pool.run("unused_flags_without_python_gradients", 2):
+        assert result["main_grad"] == result["mark_grads_synced"] == []
+        assert result["eager"] == ["dead.bias", "dead.weight", "unused.bias", "unused.weight"]
+
+
 def test_frozen_parameters_in_the_groups_are_skipped(pool) -> None:
     for rank_result in pool.run("frozen_in_optimizer_params", 2):
         assert_params(rank_result["zero1"]["params"], rank_result["ddp"]["params"], bitwise=True)

@@ -46,8 +46,10 @@ class OverlapConfig:
 
     allow_unused_params: bool = False
     """False: a trainable parameter that gets no gradient during a step (while others do) raises an
-    error naming it, because it usually means it should have been frozen. True: such parameters
-    simply contribute a zero gradient (safe: buckets are always reduced in the same order on every rank)."""
+    error naming it, because it usually means it should have been frozen. True: a parameter unused on some
+    ranks contributes a zero gradient there (buckets are always reduced in the same order on every rank); one
+    that no rank used keeps ``.grad`` None and is not stepped by DistributedAdamW, as under torch DDP. Ranks
+    agree on that with one small all-reduce (a flag per parameter, read back on the host) each step."""
 
     sync_module_states: bool = True
     """Broadcast parameters and buffers from the group's first rank when the wrapper is built."""

@@ -155,7 +155,8 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._grads_ready = False
 
     def _prepare_grads(self) -> list[torch.Tensor]:
-        """Finish the reduce-scatter and expose this rank's mean gradient, in fp32, as the pieces' grads."""
+        """Finish the reduce-scatter and expose this rank's mean gradient, in the masters' dtype, as the
+        pieces' grads."""
         if not self._grads_ready:
             self._model.finish_grad_sync()
             for bucket, target in enumerate(self._grad_shards):

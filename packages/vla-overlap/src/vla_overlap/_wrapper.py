@@ -157,6 +157,8 @@ class OverlapDataParallel(nn.Module):
         if self._phase is _Phase.FINISHED:
             return
         self._grads.mark_all_done()
+        if self._used is not None:
+            self._used.wait()  # launched by a start_grad_sync() on every rank: done; a replay used everything
         self._phase = _Phase.FINISHED
         self._expose_grads()
 
