@@ -97,7 +97,8 @@ def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, env, standins)
     proc.wait()
 
     root = tmp_path / "run" / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == [".tmp-step_000004", "step_000002"]
+    run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
+    assert sorted(p.name for p in root.iterdir()) == [f".tmp-{run_id}-step_000004", "step_000002"]
     ck = Checkpointer(root, keep_last=3)
     assert ck.latest().name == "step_000002"
     assert ck.load(ck.latest()).trainer_state["step"] == 2
@@ -112,7 +113,7 @@ def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, env, standins)
 
 def test_resume_from_a_missing_path_is_an_error(tmp_path, env, standins) -> None:
     cfg = standins.small_config(tmp_path, steps=2, checkpoint__resume=str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError, match="nowhere is not a complete checkpoint"):
+    with pytest.raises(gr00t_train.ConfigError, match="checkpoint.resume: .*nowhere cannot be resumed from"):
         Trainer(cfg, standins.make_parts(), env).fit()
 
 

@@ -116,7 +116,8 @@ def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     root = out / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == [".tmp-step_000004", "step_000002"]
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    assert sorted(p.name for p in root.iterdir()) == [f".tmp-{run_id}-step_000004", "step_000002"]
 
     # The resumed run picks step 2, removes the half-published save and finishes.
     assert main([*argv, "--resume"]) == 0

@@ -48,6 +48,8 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         shuffle=cfg.data.shuffle,
         device=str(env.device),
         synchronous=cfg.optimizations.data == "sync",
+        timeout_s=cfg.data.worker_timeout_s,
+        skip_bad_samples=True,  # counted against data.max_bad_fraction by the loop
         **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
     )
     if len(pipeline) == 0:

@@ -37,6 +37,14 @@ class DistEnv:
         if dist.is_initialized() and self.world_size > 1:
             dist.barrier()
 
+    def broadcast_object(self, obj: object) -> object:
+        """Rank 0's `obj` on every rank (picklable; `obj` of other ranks is ignored)."""
+        if dist.is_initialized() and self.world_size > 1:
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        return obj
+
     def all_reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
         """Mean over ranks, in place; returns the tensor."""
         if dist.is_initialized() and self.world_size > 1:

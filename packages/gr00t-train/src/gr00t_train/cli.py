@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
 from .__about__ import __version__
-from ._errors import BatchTooLargeError, ConfigError, DataError, NonFiniteLossError
+from ._errors import (
+    BatchTooLargeError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteLossError,
+    NonFiniteWeightsError,
+    TrainingInterrupted,
+)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +41,8 @@ def _resolve(args: argparse.Namespace):
     overrides = list(args.overrides)
     if getattr(args, "resume", None):
         overrides.append(f"checkpoint.resume={args.resume}")
+    if getattr(args, "existing_run", None):
+        overrides.append(f"checkpoint.existing_run={args.existing_run}")
     return load_config(args.config, preset=args.preset, overrides=overrides)
 
 
@@ -112,7 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="auto",
         metavar="CHECKPOINT",
-        help="continue from a checkpoint folder (default: the newest in checkpoint.dir)",
+        help="continue from a checkpoint folder (default: the newest intact one in checkpoint.dir)",
+    )
+    previous = train.add_mutually_exclusive_group()
+    previous.add_argument(
+        "--new-run",
+        dest="existing_run",
+        action="store_const",
+        const="new_run",
+        help="output_dir holds another run: move it to <output_dir>/previous-runs/<run id>/ and start afresh",
+    )
+    previous.add_argument(
+        "--overwrite",
+        dest="existing_run",
+        action="store_const",
+        const="overwrite",
+        help="output_dir holds another run: delete its checkpoints and logs and start afresh",
     )
     train.set_defaults(run=_train)
 
@@ -163,8 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as err:  # bad input: nothing ran
         print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except (NonFiniteLossError, BatchTooLargeError) as err:  # training stopped; the message says why
-        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+    except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError) as err:
+        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)  # training stopped; says why
+        return 1
+    except TrainingInterrupted as err:  # SIGTERM / SIGINT after a checkpoint: the conventional 128 + signal
+        print(f"gr00t-train {args.command}: stopped by {err}", file=sys.stderr)
+        return 128 + signal.Signals[err.signal_name].value
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"gr00t-train {args.command}: error: {err.strerror} writing {err.filename}", file=sys.stderr)
         return 1
 
 

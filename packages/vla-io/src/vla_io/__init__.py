@@ -38,7 +38,9 @@ _EXPORTS = {
     "VideoDecodeError": "._errors",
     "FrameTimestampError": "._errors",
     "WorkerError": "._errors",
+    "WorkerTimeoutError": "._errors",
     "MissingExtraError": "._errors",
+    "check_dataset": "._check",
 }
 _ALIASES = {"SYNTH_PRESETS": "PRESETS"}
 
@@ -65,7 +67,9 @@ __all__ = [
     "VideoSpan",
     "VlaIoError",
     "WorkerError",
+    "WorkerTimeoutError",
     "available_backends",
+    "check_dataset",
     "collate",
     "open_reader",
     "read_frame_marker",
@@ -91,6 +95,7 @@ if TYPE_CHECKING:
     from ._augment import ImageAugment
     from ._augment_params import ImageParams, ImageTransformConfig, sample_params
     from ._cache import FrameCache
+    from ._check import check_dataset
     from ._collate import collate
     from ._dataset import LeRobotDataset
     from ._decode import available_backends, open_reader
@@ -101,6 +106,7 @@ if TYPE_CHECKING:
         VideoDecodeError,
         VlaIoError,
         WorkerError,
+        WorkerTimeoutError,
     )
     from ._meta import DatasetMeta, Episode, VideoSpan
     from ._modality import Modality, ModalityEntry
