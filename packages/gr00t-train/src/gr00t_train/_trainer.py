@@ -54,7 +54,7 @@ class Trainer:
         env: DistEnv,
     ) -> None:
         self.cfg, self.parts, self.env = cfg, parts, env
-        self.backends = BackendSwitches(cfg).apply()  # restored when fit() ends
+        self.backends = BackendSwitches(cfg)  # TF32 / cuDNN switches: set by fit(), restored when it ends
         self.checks = RunChecks(cfg, env)
         seed_everything(cfg.seed + env.rank)
         self.comm = build_comm(parts.model, cfg, env)
@@ -78,8 +78,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- run
     def fit(self) -> RunSummary:
         """Train to `cfg.steps` (resuming first if asked); returns the summary of this session."""
-        self.backends.apply()
         run = claim_run(self.cfg, self.env)  # lock, run id, what to resume from (exit 2 on conflicts)
+        self.backends.apply()
         try:
             return self._fit(run)
         finally:
