@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -19,7 +22,7 @@ from gr00t_train import Checkpointer, Trainer
 STANDINS = Path(__file__).with_name("standins.py")
 
 
-def _save(ck: Checkpointer, step: int, value: float = 1.0) -> Path:
+def _save(ck: Checkpointer, step: int, value: float = 1.0) -> Path:  # noqa: D103
     def write_model(folder: Path) -> None:
         torch.save({"w": torch.full((3,), value)}, folder / "weights.pt")
 
@@ -93,8 +96,19 @@ def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, env, standins)
         assert proc.poll() is None, "the training subprocess ended before its second save"
         assert time.monotonic() < deadline, "the second save never started"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # A second run into the same folder while the first is alive: refused before it touches anything
+    # (it used to delete the live run's save in progress at start-up).
+    try:
+        run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
+        partial = tmp_path / "run" / "checkpoints" / f".tmp-{run_id}-step_000004"
+        cfg = standins.small_config(tmp_path, steps=6, checkpoint__every=2, checkpoint__resume="auto")
+        with pytest.raises(gr00t_train.RunFolderError) as info:
+            Trainer(cfg, standins.make_parts(), env).fit()
+        assert f"is in use by another run: pid {proc.pid} on host {socket.gethostname()}" in str(info.value)
+        assert (partial / "model.safetensors").is_file()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
 
     root = tmp_path / "run" / "checkpoints"
     run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
@@ -122,3 +136,78 @@ def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, env, standins) ->
     trainer = Trainer(cfg, standins.make_parts(), env)
     trainer.fit()
     assert trainer.step == 2
+
+
+def _losses(run) -> dict[int, float]:
+    return {json.loads(x)["step"]: json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, env, standins, caplog, damage: str) -> None:
+    cfg = standins.small_config(tmp_path, steps=6, checkpoint__every=2)
+    Trainer(cfg, standins.make_parts(), env).fit()
+    reference = _losses(tmp_path / "run")
+    newest = tmp_path / "run" / "checkpoints" / "step_000006"
+    if damage == "truncate":  # a disk that filled up, a copy cut short
+        weights = newest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        reason = "model.safetensors has"
+    else:  # same size, one byte changed: only the hash sees it
+        state = newest / "optimizer.pt"
+        data = bytearray(state.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        state.write_bytes(bytes(data))
+        reason = "optimizer.pt does not match its SHA-256"
+
+    resumed = standins.small_config(tmp_path, steps=6, checkpoint__every=2, checkpoint__resume="auto")
+    trainer = Trainer(resumed, standins.make_parts(), env)
+    with caplog.at_level(logging.WARNING):
+        trainer.fit()
+    assert f"skipped checkpoint {newest}: {reason}" in caplog.text
+    assert "resuming from" in caplog.text and "step_000004, the newest intact checkpoint" in caplog.text
+    assert _losses(tmp_path / "run") == reference  # steps 5-6 again, bit for bit, from step 4
+    assert Checkpointer(newest.parent, keep_last=3).newest_intact()[0] == newest  # rewritten whole
+
+
+def test_resume_without_an_intact_checkpoint_stops_naming_each(tmp_path, env, standins) -> None:
+    Trainer(standins.small_config(tmp_path, steps=4, checkpoint__every=2), standins.make_parts(), env).fit()
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4):
+        (root / f"step_00000{step}" / "rank00000.pt").write_bytes(b"")
+    cfg = standins.small_config(tmp_path, steps=6, checkpoint__resume="auto")
+    with pytest.raises(gr00t_train.ConfigError) as info:
+        Trainer(cfg, standins.make_parts(), env).fit()
+    message = str(info.value)
+    assert message.startswith(f"checkpoint.resume: no intact checkpoint in {root} to resume from")
+    assert "step_000004: rank00000.pt has 0 bytes" in message and "step_000002: rank00000.pt has 0 bytes" in message
+    cfg = standins.small_config(tmp_path, steps=6, checkpoint__resume=str(root / "step_000002"))
+    with pytest.raises(gr00t_train.ConfigError, match="step_000002 cannot be resumed from: rank00000.pt has 0"):
+        Trainer(cfg, standins.make_parts(), env).fit()
+
+
+def test_a_full_disk_during_a_save_is_a_message_and_keeps_earlier_checkpoints(tmp_path) -> None:
+    # /dev/full answers every write with ENOSPC, as a full file system does.
+    if not (os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)):
+        pytest.skip("no /dev/full device on this system")
+    ck = Checkpointer(tmp_path / "ck", keep_last=3, run_id="r")
+    _save(ck, 2)
+
+    def write_model_to_a_full_disk(folder: Path) -> None:
+        (folder / "model.bin").symlink_to("/dev/full")
+        with open(folder / "model.bin", "wb") as f:
+            f.write(b"\0" * 2**20)
+
+    with pytest.raises(gr00t_train.CheckpointError) as info:
+        ck.save(
+            4,
+            write_model=write_model_to_a_full_disk,
+            optimizer_state={},
+            rank_state={},
+            trainer_state={"step": 4},
+            config={},
+        )
+    message = str(info.value)
+    assert f"cannot write checkpoint {tmp_path / 'ck' / 'step_000004'}: No space left on device (ENOSPC" in message
+    assert "earlier checkpoints are intact (step_000002)" in message
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_000002"]  # the partial save is gone
+    assert ck.newest_intact("r")[0].name == "step_000002"

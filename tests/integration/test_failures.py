@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,7 +100,7 @@ sys.exit(main({argv!r}))
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train_args, losses) -> None:
+def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train_args, losses, capsys) -> None:
     out = tmp_path / "run"
     argv = train_args(dataset, out, "checkpoint.every=2", "steps=4")
     marker = tmp_path / "SAVING"
@@ -112,6 +113,10 @@ def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train
             assert proc.poll() is None, "training ended before its second checkpoint"
             assert time.monotonic() < deadline, "the second checkpoint never started"
             time.sleep(0.2)
+        # A second run into the folder of a live one exits 2 naming the holder, and leaves it alone.
+        code = main([*argv, "--resume"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"is in use by another run: pid {proc.pid} on host" in err
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -148,3 +153,40 @@ def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
     state = json.loads((ck / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["global_batch"] == 8
     assert "rank 0 of 2" in output
+
+
+_DISK_FULL = r"""
+mount -t tmpfs -o size=40m tmpfs "$CK" || exit 97
+"$PYTHON" -m gr00t_train "$@" > "$OUT/stdout" 2> "$OUT/stderr"
+echo $? > "$OUT/rc"
+cp -r "$CK" "$OUT/copy"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_full_disk_stops_with_a_message_and_keeps_earlier_checkpoints(dataset, tmp_path, train_args) -> None:
+    # A real full file system: a 40 MB tmpfs for checkpoints of about 17 MB each (a private mount namespace
+    # of an unprivileged user namespace, so no root is needed where those are allowed).
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) for a private tmpfs")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    argv = train_args(dataset, tmp_path / "run", "checkpoint.every=2", "checkpoint.keep_last=5", f"checkpoint.dir={ck}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CK": str(ck), "OUT": str(tmp_path), "PYTHON": sys.executable}
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", _DISK_FULL, "bash", *argv]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
+    if proc.returncode in (1, 97) and not (tmp_path / "rc").exists():
+        pytest.skip(f"cannot mount a private tmpfs here: {proc.stderr.strip()[-300:]}")
+    err = (tmp_path / "stderr").read_text()
+    assert (tmp_path / "rc").read_text().strip() == "1", err[-3000:]
+    assert f"error: cannot write checkpoint {ck / 'step_000006'}: No space left on device" in err
+    assert "Traceback" not in err
+    copy = tmp_path / "copy"
+    assert sorted(p.name for p in copy.iterdir() if not p.name.startswith(".gr00t")) == [
+        "step_000002",
+        "step_000004",
+    ]  # the partial save is gone, the earlier ones are whole
+    from gr00t_train import Checkpointer
+
+    assert Checkpointer(copy, keep_last=5).newest_intact()[0].name == "step_000004"

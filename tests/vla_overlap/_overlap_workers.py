@@ -559,6 +559,33 @@ def compare_build_modes(ctx: Any) -> dict[str, Any]:
     return out
 
 
+class Scalars(nn.Module):
+    """Seven one-element parameters whose gradients are exactly the given constants."""
+
+    def __init__(self, grads: list[float]) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(1)) for _ in grads)
+        self.register_buffer("grads", torch.tensor(grads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(w * g for w, g in zip(self.weights, self.grads)) + 0 * x.sum()
+
+
+def clip_norm_order(ctx: Any) -> dict[str, float]:
+    """The global norm each mode's clip reports for gradients [1, b, b, b, b, b, b] with b = 0.875 * 2**-12:
+    summed in registration order (torch) the six b**2 vanish one by one next to 1 (the total is 1.0); summed
+    the other way round they add up to two ulps of 1 first (the total is 1 + 2**-23). Exact in float32 on
+    any CPU: seven values stay in the scalar tail of every vectorized norm kernel, and every square is exact."""
+    grads = [1.0] + [0.875 * 2.0**-12] * 6
+    out = {}
+    for mode in vla_overlap.COMM_MODES:
+        model, opt = vla_overlap.build_data_parallel(Scalars(grads), mode, process_group=ctx.group, **ADAMW)
+        model.zero_grad()
+        model(torch.zeros(1)).backward()
+        out[mode] = float(vla_overlap.clip_grad_norm_(model, opt, max_norm=10.0))
+    return out
+
+
 def warnings_during_training(ctx: Any) -> list[str]:
     """Every warning raised while training zero1 with an LR scheduler (deprecated collective names, a
     scheduler that believes optimizer.step() was skipped, ...)."""

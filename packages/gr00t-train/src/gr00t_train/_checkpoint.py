@@ -232,21 +232,33 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
-def _disk_full(err: BaseException, root: Path) -> str | None:
-    """A message if `err` means the disk is full (torch and safetensors do not always keep the errno)."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{os.strerror(err.errno)} ({errno.errorcode[err.errno]}, writing {err.filename or root})"
-    text = str(err)
-    if "No space left on device" in text or "os error 28" in text:
-        return f"No space left on device (ENOSPC; {type(err).__name__}: {text.strip()[:200]})"
+def _disk_full(err: BaseException | None, root: Path) -> str | None:
+    """A message if `err` (or what it was raised from) means the disk is full. torch's zip writer replaces
+    the OSError with a RuntimeError on its way out; safetensors keeps only the text."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{os.strerror(err.errno)} ({errno.errorcode[err.errno]}, writing {err.filename or root})"
+        text = str(err)
+        if "No space left on device" in text or "os error 28" in text:
+            return f"No space left on device (ENOSPC; {type(err).__name__}: {text.strip()[:200]})"
+        err, seen = err.__cause__ or err.__context__, seen + 1
     return None
 
 
 def _torch_save(obj: Any, path: Path) -> None:
-    # Through a file object: a failed write then raises OSError with its errno (a path raises a bare
-    # RuntimeError from torch's zip writer).
-    with open(path, "wb") as f:
-        torch.save(obj, f)
+    # Through a file object: a failed write raises OSError with its errno (given a path, torch's zip writer
+    # raises a bare RuntimeError), named here with the file it was writing.
+    try:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from err
+    except RuntimeError as err:
+        cause = err.__context__
+        if isinstance(cause, OSError) and cause.filename is None:
+            raise OSError(cause.errno, cause.strerror, str(path)) from err
+        raise
 
 
 def _torch_load(path: Path) -> Any:
