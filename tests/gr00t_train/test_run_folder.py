@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import gr00t_train
 import pytest
 import torch
 from gr00t_train import Checkpointer, RunFolderError, Trainer
@@ -115,3 +116,12 @@ def test_command_line_flags_for_an_existing_run() -> None:
     assert parser.parse_args(["train"]).existing_run is None
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--new-run", "--overwrite"])
+
+
+def test_resume_with_another_batch_size_stops_at_the_start(tmp_path, env, standins) -> None:
+    _run(standins, env, tmp_path, steps=4, checkpoint__every=2)
+    with pytest.raises(gr00t_train.ConfigError) as info:
+        _run(standins, env, tmp_path, steps=6, checkpoint__resume="auto", data__batch_size=8)
+    message = str(info.value)
+    assert message.startswith("checkpoint.resume: ") and "step_000004 was written by 1 process(es) with" in message
+    assert "data.batch_size=4; this run has 1 process(es) and data.batch_size=8" in message

@@ -7,7 +7,7 @@ import json
 import gr00t_train
 import pytest
 import torch
-from gr00t_train import BatchTooLargeError, NonFiniteLossError, Trainer
+from gr00t_train import BatchTooLargeError, NonFiniteLossError, NonFiniteWeightsError, Trainer
 
 
 def _losses(run_dir) -> list[float]:
@@ -186,8 +186,42 @@ def test_nan_loss_stops_with_step_and_episode_ids(tmp_path, env, standins) -> No
     err = info.value
     assert err.step == 6 and err.episode_ids == [10, 10, 11, 11]
     assert "loss is nan at step 6" in str(err) and "episode ids [10, 10, 11, 11]" in str(err)
+    # The sample that carries the NaN, not just the batch:
+    assert err.bad_samples == "Sample 0 of microbatch 0 (episode 10, frame 0) has NaN/inf in x, y"
+    assert str(err).endswith("has NaN/inf in x, y. Fix or drop those frames (`vla-io check` lists them).")
     assert parts.data.closed  # the pipeline is shut down on the way out
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing was saved from the broken state
+
+
+def test_a_diverging_model_says_its_inputs_were_finite(tmp_path, env, standins) -> None:
+    parts = standins.make_parts(batch_size=4)
+
+    def blow_up(module, batch):
+        return standins.noisy_mse(module, batch) * float("inf")
+
+    parts.loss_fn = blow_up
+    with pytest.raises(NonFiniteLossError, match="Every input of that batch is finite: the model diverged"):
+        Trainer(standins.small_config(tmp_path, steps=3), parts, env).fit()
+
+
+def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path, env, standins) -> None:
+    # The loss stays finite, but step 4's update makes the weights NaN (a NaN gradient of one parameter, as
+    # an overflow in a rarely used layer gives, spreads through the global norm): the save of step 4 must
+    # refuse, step 2's checkpoint stays the newest.
+    parts = standins.make_parts()
+    weight = parts.model.net[0].weight
+    calls = {"n": 0}
+
+    def poison(grad):
+        calls["n"] += 1
+        return grad * float("nan") if calls["n"] == 4 else grad
+
+    weight.register_hook(poison)
+    cfg = standins.small_config(tmp_path, steps=6, checkpoint__every=2, optim__grad_clip=0)
+    with pytest.raises(NonFiniteWeightsError, match=r"weights hold NaN/inf after step 4 \(net\.0\.weight, "):
+        Trainer(cfg, parts, env).fit()
+    root = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002"]
 
 
 def test_out_of_memory_names_the_batch_size(tmp_path, env, standins) -> None:

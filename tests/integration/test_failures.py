@@ -3,8 +3,10 @@ leaves the previous checkpoint intact; two processes train together under torchr
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +16,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+import vla_io
 from gr00t_train.cli import main
 
 
@@ -76,7 +79,15 @@ def test_nan_in_the_data_stops_with_step_and_episodes(dataset_copy, tmp_path, tr
     assert code == 1 and "loss is nan at step" in err
     ids = json.loads(err.split("episode ids ")[1].split("]")[0] + "]")
     assert 1 in ids and len(ids) == 4
+    # The samples that carry the NaN are named, not the whole batch. (Their frame needs the batch to carry
+    # `frame_index`; gr00t-train's host transform does not pass it yet, so it reads "frame unknown".)
+    named = re.findall(r"\(episode (\d+), frame (\w+)\) has NaN/inf in action", err)
+    assert named and {episode for episode, _ in named} == {"1"}
+    assert len(named) == ids.count(1)
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # `vla-io check` finds the same rows before any training, by episode and frame.
+    report = vla_io.check_dataset(dataset_copy, workers=1, progress=False)
+    assert [(p.episode, p.key, p.frames) for p in report.problems] == [(1, "action", f"0-{len(actions) - 1}")]
 
 
 _KILLED = """
@@ -153,6 +164,9 @@ def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
     state = json.loads((ck / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["global_batch"] == 8
     assert "rank 0 of 2" in output
+    # Rank 0 speaks for the run: no log line twice (the same INFO lines used to come from every rank).
+    logged = [line.split(" ", 1)[1] for line in output.splitlines() if re.match(r"\d\d:\d\d:\d\d (INFO|WARN|ERROR)", line)]
+    assert logged and not [line for line, n in collections.Counter(logged).items() if n > 1]
 
 
 _DISK_FULL = r"""
