@@ -211,3 +211,59 @@ def test_a_full_disk_during_a_save_is_a_message_and_keeps_earlier_checkpoints(tm
     assert "earlier checkpoints are intact (step_000002)" in message
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_000002"]  # the partial save is gone
     assert ck.newest_intact("r")[0].name == "step_000002"
+
+
+_PREEMPTED_RUN = """
+import importlib.util, sys, time
+from pathlib import Path
+import torch
+spec = importlib.util.spec_from_file_location("gr00t_train_standins", {standins!r})
+standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = standins; spec.loader.exec_module(standins)
+import gr00t_train
+torch.set_num_threads(1)
+env = gr00t_train.init_distributed("cpu")
+cfg = standins.small_config(Path({tmp!r}), steps=500, logging__every=50)
+parts = standins.make_parts()
+steps = []
+def slow_loss(module, batch):
+    steps.append(1)
+    if len(steps) == 3:
+        (Path({tmp!r}) / "READY").write_text("")
+    time.sleep(0.02)
+    return standins.noisy_mse(module, batch)
+parts.loss_fn = slow_loss
+try:
+    gr00t_train.Trainer(cfg, parts, env).fit()
+except gr00t_train.TrainingInterrupted as err:
+    print("INTERRUPTED", err.signal_name, err.step, err.checkpoint, flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_save_a_checkpoint_then_stop(tmp_path, env, standins, sig) -> None:
+    script = tmp_path / "preempted.py"
+    script.write_text(textwrap.dedent(_PREEMPTED_RUN.format(standins=str(STANDINS), tmp=str(tmp_path))))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 90
+    while not (tmp_path / "READY").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the training subprocess did not start"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    name, step, path = out.split("INTERRUPTED ")[1].split()
+    assert name == sig.name and 3 <= int(step) < 500
+    saved = Path(path)
+    assert saved.name == f"step_{int(step):06d}" and gr00t_train.Checkpointer(saved.parent, 3).newest_intact()[0] == saved
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, int(step) + 1))  # flushed before the checkpoint
+
+    # The stopped run continues from it.
+    cfg = standins.small_config(tmp_path, steps=int(step) + 2, checkpoint__resume="auto")
+    trainer = Trainer(cfg, standins.make_parts(), env)
+    trainer.fit()
+    assert trainer.step == int(step) + 2

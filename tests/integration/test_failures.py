@@ -4,6 +4,7 @@ leaves the previous checkpoint intact; two processes train together under torchr
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -204,3 +206,74 @@ def test_a_full_disk_stops_with_a_message_and_keeps_earlier_checkpoints(dataset,
     from gr00t_train import Checkpointer
 
     assert Checkpointer(copy, keep_last=5).newest_intact()[0].name == "step_000004"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_to_the_job_saves_a_checkpoint_and_says_so(dataset, tmp_path, train_args, losses) -> None:
+    # A scheduler's preemption: SIGTERM to the whole process group (the data workers included).
+    out = tmp_path / "run"
+    argv = train_args(dataset, out, "steps=300", "data.num_workers=2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gr00t_train", *argv], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    match = re.fullmatch(r"gr00t-train train: stopped by SIGTERM at step (\d+): saved checkpoint (\S+); continue with --resume", last)
+    assert match, last
+    step = int(match.group(1))
+    assert match.group(2) == str(out / "checkpoints" / f"step_{step:06d}") and 1 <= step < 300
+    assert sorted(losses(out)) == list(range(1, step + 1))
+    assert main(train_args(dataset, out, f"steps={step + 2}") + ["--resume"]) == 0
+    assert sorted(losses(out)) == list(range(1, step + 3))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_stalled_worker_stops_the_run_naming_the_setting(dataset, tmp_path, train_args) -> None:
+    # The data worker hangs for real (SIGSTOP, as a decoder stuck in native code): the run stops after
+    # data.worker_timeout_s, not 300 s, and the message names the setting to raise.
+    out = tmp_path / "run"
+    argv = train_args(dataset, out, "steps=500", "data.worker_timeout_s=3")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gr00t_train", *argv], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 150
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        workers = _children(proc.pid)
+        assert workers, "no data worker process found"
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        waited = time.monotonic() - stopped
+    finally:
+        proc.kill()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 2, err[-3000:]
+    assert "error: a data worker stalled: worker 0 (pid" in err and "still running) has not delivered batch" in err
+    assert "longer than data.worker_timeout_s=3 s" in err and "raise data.worker_timeout_s" in err
+    assert "Traceback" not in err and waited < 60
