@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -277,3 +278,22 @@ def test_a_stalled_worker_stops_the_run_naming_the_setting(dataset, tmp_path, tr
     assert "error: a data worker stalled: worker 0 (pid" in err and "still running) has not delivered batch" in err
     assert "longer than data.worker_timeout_s=3 s" in err and "raise data.worker_timeout_s" in err
     assert "Traceback" not in err and waited < 60
+
+
+@pytest.mark.slow
+def test_undecodable_samples_are_skipped_up_to_the_budget(dataset_copy, tmp_path, train_args, capsys, caplog) -> None:
+    video = next(dataset_copy.glob("videos/**/observation.images.image/episode_000001.mp4"))
+    video.write_bytes(video.read_bytes()[: video.stat().st_size // 3])  # cut short, as by a full disk
+    # A third of the samples cannot be decoded: within a budget of half, training runs through.
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        code, err = _run_cli(train_args(dataset_copy, out, "data.max_bad_fraction=0.5"), capsys)
+    assert code == 0, err[-3000:]
+    skipped = json.loads((out / "summary.json").read_text())["skipped_samples"]
+    assert skipped > 0
+    warned = [r.getMessage() for r in caplog.records if "which cannot be decoded" in r.getMessage()]
+    assert len(warned) == 1 and "(episode 1, frame " in warned[0] and str(video) in warned[0]
+    # The default budget (1% of the samples) is exceeded at once: exit 2, naming the setting.
+    code, err = _run_cli(train_args(dataset_copy, tmp_path / "strict"), capsys)
+    assert code == 2 and "samples failed to decode and were skipped, more than data.max_bad_fraction=0.01" in err
+    assert "vla-io check DATASET" in err

@@ -20,6 +20,7 @@ import numpy as np
 
 from ._decode import BACKENDS, open_reader
 from ._errors import DatasetFormatError
+from ._ffmpeg import resolve_backend
 from ._index_check import unindexed_episodes
 from ._meta import DatasetMeta
 from ._table import FrameTable
@@ -85,6 +86,7 @@ def check_dataset(
     if video_backend not in BACKENDS:
         raise ValueError(f"video_backend must be one of {BACKENDS}, got {video_backend!r}")
     started = time.perf_counter()
+    video_backend = resolve_backend(video_backend)  # loaded once here: forked workers inherit it
     meta = DatasetMeta(root)
     problems = [
         Problem(_rel(meta, path), episode, None, "all", "has data but is missing from the episodes index (ignored)")
