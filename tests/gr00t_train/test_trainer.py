@@ -304,6 +304,35 @@ def test_clipped_switches_stay_within_the_summation_order_bound(tmp_path, env, s
         torch.testing.assert_close(a, b, rtol=0, atol=6 * eps * float(b.abs().max()))
 
 
+def test_fit_restores_the_torch_switches_it_set(tmp_path, env, standins) -> None:
+    # TF32 and cuDNN autotuning are process-wide: the run sets them, the caller gets its own back, also when
+    # the run fails.
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
+    assert not matmul.allow_tf32 and not cudnn.benchmark  # torch's defaults: what the run turns on
+    seen = []
+
+    def loss(module, batch):
+        seen.append((matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark))
+        if len(seen) == 5:
+            raise RuntimeError("boom")
+        return standins.noisy_mse(module, batch)
+
+    on = {"optimizations__tf32": "true", "optimizations__cudnn_benchmark": "true"}
+    parts = standins.make_parts()
+    parts.loss_fn = loss
+    trainer = Trainer(standins.small_config(tmp_path, steps=3, **on), parts, env)
+    assert (matmul.allow_tf32, cudnn.benchmark) == (False, False)  # nothing set before fit()
+    trainer.fit()
+    assert seen == [(True, True, True)] * 3
+    assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark) == before
+    parts = standins.make_parts()
+    parts.loss_fn = loss
+    with pytest.raises(RuntimeError, match="boom"):
+        Trainer(standins.small_config(tmp_path / "again", steps=3, **on), parts, env).fit()
+    assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark) == before
+
+
 def test_tensorboard_scalars_when_installed(tmp_path, env, standins, monkeypatch) -> None:
     import sys
     import types
