@@ -81,3 +81,10 @@ def test_demo_then_infer(dataset, tmp_path, capsys) -> None:
     assert set(report["mse"]) == {"eef_delta_pos", "eef_delta_rot", "gripper"}
     assert all(v >= 0 for v in report["mse"].values())
     assert set(report["mse_normalized"]) == set(report["mse"]) and 0 < report["mse_normalized_all"] < 10
+
+    # Running the demo again starts over in the same folder (a training run there would refuse to).
+    again = ["demo", "--out", str(out), "--dataset", str(dataset)]
+    for item in ["steps=2", *sets[1:]]:
+        again += ["--set", item]
+    assert main(again) == 0
+    assert sorted(p.name for p in (out / "run" / "checkpoints").iterdir()) == ["step_000002"]

@@ -85,6 +85,7 @@ def _infer(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from ._bench import format_table, run_ladder, write_json
 
+    args.overrides = ["checkpoint.existing_run=overwrite", *args.overrides]  # rows are throwaway runs
     cfg = _resolve(args)
     if not cfg.data.dataset:
         raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH")
