@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ._errors import CheckpointError
-from ._manifest import check_manifest, write_manifest
+from ._manifest import MANIFEST, check_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +210,14 @@ class Checkpointer:
 
 
 def checkpoint_run_id(path: Path) -> str | None:
-    """The id of the run that wrote a complete checkpoint (None: written before runs had ids)."""
-    try:
-        return json.loads((path / TRAINER_STATE).read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The id of the run that wrote a checkpoint (None: written before runs had ids). The manifest says it
+    too, for a checkpoint whose trainer_state.json is damaged."""
+    for name in (TRAINER_STATE, MANIFEST):
+        try:
+            return json.loads((path / name).read_text())["run_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def verify_checkpoint(path: Path) -> str | None:
