@@ -54,8 +54,12 @@ def _set_global_torch_state(state: dict[str, object]) -> None:
     matmul = torch.backends.cuda.matmul
     cudnn = torch.backends.cudnn
     matmul.allow_tf32 = state["cuda.matmul.allow_tf32"]
-    matmul.allow_fp16_reduced_precision_reduction = state["cuda.matmul.allow_fp16_reduced_precision_reduction"]
-    matmul.allow_bf16_reduced_precision_reduction = state["cuda.matmul.allow_bf16_reduced_precision_reduction"]
+    matmul.allow_fp16_reduced_precision_reduction = state[
+        "cuda.matmul.allow_fp16_reduced_precision_reduction"
+    ]
+    matmul.allow_bf16_reduced_precision_reduction = state[
+        "cuda.matmul.allow_bf16_reduced_precision_reduction"
+    ]
     cudnn.allow_tf32, cudnn.benchmark = state["cudnn.allow_tf32"], state["cudnn.benchmark"]
     cudnn.deterministic, cudnn.enabled = state["cudnn.deterministic"], state["cudnn.enabled"]
     torch.set_float32_matmul_precision(state["float32_matmul_precision"])

@@ -9,7 +9,7 @@ import sys
 
 from _boundaries import REPO
 
-LEAKY = '''
+LEAKY = """
 import torch
 
 def test_leaves_tf32_on():
@@ -21,7 +21,7 @@ def test_restores_what_it_changed():
 
 def test_sees_a_clean_state():
     assert torch.backends.cuda.matmul.allow_tf32 is False
-'''
+"""
 
 
 def test_a_test_that_leaves_a_torch_switch_changed_fails(tmp_path) -> None:
@@ -33,4 +33,7 @@ def test_a_test_that_leaves_a_torch_switch_changed_fails(tmp_path) -> None:
     assert "1 passed, 2 passed" not in out.stdout
     assert "3 passed, 1 error" in out.stdout  # the leak is an error of that test; the next one starts clean
     assert "ERROR test_leaky.py::test_leaves_tf32_on" in out.stdout
-    assert "left global torch state changed" in out.stdout and "'cuda.matmul.allow_tf32': (False, True)" in out.stdout
+    assert (
+        "left global torch state changed" in out.stdout
+        and "'cuda.matmul.allow_tf32': (False, True)" in out.stdout
+    )

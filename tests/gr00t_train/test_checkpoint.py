@@ -139,7 +139,9 @@ def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, env, standins) ->
 
 
 def _losses(run) -> dict[int, float]:
-    return {json.loads(x)["step"]: json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()}
+    return {
+        json.loads(x)["step"]: json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
+    }
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
@@ -179,9 +181,14 @@ def test_resume_without_an_intact_checkpoint_stops_naming_each(tmp_path, env, st
         Trainer(cfg, standins.make_parts(), env).fit()
     message = str(info.value)
     assert message.startswith(f"checkpoint.resume: no intact checkpoint in {root} to resume from")
-    assert "step_000004: rank00000.pt has 0 bytes" in message and "step_000002: rank00000.pt has 0 bytes" in message
+    assert (
+        "step_000004: rank00000.pt has 0 bytes" in message
+        and "step_000002: rank00000.pt has 0 bytes" in message
+    )
     cfg = standins.small_config(tmp_path, steps=6, checkpoint__resume=str(root / "step_000002"))
-    with pytest.raises(gr00t_train.ConfigError, match="step_000002 cannot be resumed from: rank00000.pt has 0"):
+    with pytest.raises(
+        gr00t_train.ConfigError, match="step_000002 cannot be resumed from: rank00000.pt has 0"
+    ):
         Trainer(cfg, standins.make_parts(), env).fit()
 
 
@@ -207,7 +214,10 @@ def test_a_full_disk_during_a_save_is_a_message_and_keeps_earlier_checkpoints(tm
             config={},
         )
     message = str(info.value)
-    assert f"cannot write checkpoint {tmp_path / 'ck' / 'step_000004'}: No space left on device (ENOSPC" in message
+    assert (
+        f"cannot write checkpoint {tmp_path / 'ck' / 'step_000004'}: No space left on device (ENOSPC"
+        in message
+    )
     assert "earlier checkpoints are intact (step_000002)" in message
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_000002"]  # the partial save is gone
     assert ck.newest_intact("r")[0].name == "step_000002"
@@ -246,7 +256,10 @@ def test_sigterm_and_sigint_save_a_checkpoint_then_stop(tmp_path, env, standins,
     script = tmp_path / "preempted.py"
     script.write_text(textwrap.dedent(_PREEMPTED_RUN.format(standins=str(STANDINS), tmp=str(tmp_path))))
     proc = subprocess.Popen(
-        [sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 90
     while not (tmp_path / "READY").exists():
@@ -258,7 +271,10 @@ def test_sigterm_and_sigint_save_a_checkpoint_then_stop(tmp_path, env, standins,
     name, step, path = out.split("INTERRUPTED ")[1].split()
     assert name == sig.name and 3 <= int(step) < 500
     saved = Path(path)
-    assert saved.name == f"step_{int(step):06d}" and gr00t_train.Checkpointer(saved.parent, 3).newest_intact()[0] == saved
+    assert (
+        saved.name == f"step_{int(step):06d}"
+        and gr00t_train.Checkpointer(saved.parent, 3).newest_intact()[0] == saved
+    )
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, int(step) + 1))  # flushed before the checkpoint
 

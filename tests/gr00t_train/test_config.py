@@ -158,7 +158,9 @@ def _float_fields(cls: type, prefix: str = "") -> list[str]:
 def test_every_float_field_must_be_finite(value: str) -> None:
     # nan and inf pass every `x > 0` style range check; optim.lr=inf used to train (and produce NaN weights).
     fields = _float_fields(TrainConfig)
-    assert {"optim.lr", "optim.eps", "optim.betas", "data.worker_timeout_s", "logging.peak_tflops"} <= set(fields)
+    assert {"optim.lr", "optim.eps", "optim.betas", "data.worker_timeout_s", "logging.peak_tflops"} <= set(
+        fields
+    )
     for name in fields:
         override = f"{name}=[{value}, 0.5]" if name == "optim.betas" else f"{name}={value}"
         with pytest.raises(ConfigError, match="expected a finite number") as info:

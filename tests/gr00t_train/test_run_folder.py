@@ -36,7 +36,10 @@ def test_a_fresh_run_into_another_runs_folder_stops_before_training(tmp_path, en
     with pytest.raises(RunFolderError) as info:
         _run(standins, env, tmp_path, steps=2, checkpoint__every=1)
     message = str(info.value)
-    assert message.startswith("output_dir: ") and f"run {first}: 3 checkpoint(s) step_000002..step_000006" in message
+    assert (
+        message.startswith("output_dir: ")
+        and f"run {first}: 3 checkpoint(s) step_000002..step_000006" in message
+    )
     assert "--resume" in message and "--new-run" in message and "--overwrite" in message
     # Nothing of the first run changed, and it is still the one recorded.
     assert {p.name: (p / "model.safetensors").read_bytes() for p in checkpoints.iterdir()} == before
@@ -90,7 +93,10 @@ def test_pruning_and_clean_up_touch_only_this_runs_checkpoints(tmp_path) -> None
             config={},
         )
 
-    mine, other = Checkpointer(root, keep_last=2, run_id="mine"), Checkpointer(root, keep_last=2, run_id="other")
+    mine, other = (
+        Checkpointer(root, keep_last=2, run_id="mine"),
+        Checkpointer(root, keep_last=2, run_id="other"),
+    )
     for step in (10, 20, 30):
         save(other, step)
     for step in (1, 2, 3):
@@ -123,5 +129,8 @@ def test_resume_with_another_batch_size_stops_at_the_start(tmp_path, env, standi
     with pytest.raises(gr00t_train.ConfigError) as info:
         _run(standins, env, tmp_path, steps=6, checkpoint__resume="auto", data__batch_size=8)
     message = str(info.value)
-    assert message.startswith("checkpoint.resume: ") and "step_000004 was written by 1 process(es) with" in message
+    assert (
+        message.startswith("checkpoint.resume: ")
+        and "step_000004 was written by 1 process(es) with" in message
+    )
     assert "data.batch_size=4; this run has 1 process(es) and data.batch_size=8" in message

@@ -108,7 +108,9 @@ def test_two_rank_run_checkpoints_and_resumes(tmp_path, env, standins) -> None:
 
     # At another world size the data order and every rank's random streams cannot continue: exit 2 at the
     # start (it used to warn "the run continues", then fail), naming both sizes and the way forward.
-    cfg = standins.small_config(tmp_path, steps=6, checkpoint__resume="auto", optimizations__comm="zero1_overlap")
+    cfg = standins.small_config(
+        tmp_path, steps=6, checkpoint__resume="auto", optimizations__comm="zero1_overlap"
+    )
     with pytest.raises(gr00t_train.ConfigError) as info:
         gr00t_train.Trainer(cfg, standins.make_parts(), env).fit()
     message = str(info.value)

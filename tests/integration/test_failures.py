@@ -114,7 +114,9 @@ sys.exit(main({argv!r}))
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_kill_during_save_keeps_the_previous_checkpoint(dataset, tmp_path, train_args, losses, capsys) -> None:
+def test_kill_during_save_keeps_the_previous_checkpoint(
+    dataset, tmp_path, train_args, losses, capsys
+) -> None:
     out = tmp_path / "run"
     argv = train_args(dataset, out, "checkpoint.every=2", "steps=4")
     marker = tmp_path / "SAVING"
@@ -168,7 +170,11 @@ def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
     assert state["world_size"] == 2 and state["global_batch"] == 8
     assert "rank 0 of 2" in output
     # Rank 0 speaks for the run: no log line twice (the same INFO lines used to come from every rank).
-    logged = [line.split(" ", 1)[1] for line in output.splitlines() if re.match(r"\d\d:\d\d:\d\d (INFO|WARN|ERROR)", line)]
+    logged = [
+        line.split(" ", 1)[1]
+        for line in output.splitlines()
+        if re.match(r"\d\d:\d\d:\d\d (INFO|WARN|ERROR)", line)
+    ]
     assert logged and not [line for line, n in collections.Counter(logged).items() if n > 1]
 
 
@@ -182,15 +188,25 @@ cp -r "$CK" "$OUT/copy"
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_full_disk_stops_with_a_message_and_keeps_earlier_checkpoints(dataset, tmp_path, train_args) -> None:
+def test_a_full_disk_stops_with_a_message_and_keeps_earlier_checkpoints(
+    dataset, tmp_path, train_args
+) -> None:
     # A real full file system: a 40 MB tmpfs for checkpoints of about 17 MB each (a private mount namespace
     # of an unprivileged user namespace, so no root is needed where those are allowed).
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare (util-linux) for a private tmpfs")
     ck = tmp_path / "ck"
     ck.mkdir()
-    argv = train_args(dataset, tmp_path / "run", "checkpoint.every=2", "checkpoint.keep_last=5", f"checkpoint.dir={ck}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CK": str(ck), "OUT": str(tmp_path), "PYTHON": sys.executable}
+    argv = train_args(
+        dataset, tmp_path / "run", "checkpoint.every=2", "checkpoint.keep_last=5", f"checkpoint.dir={ck}"
+    )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CK": str(ck),
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+    }
     cmd = ["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", _DISK_FULL, "bash", *argv]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
     if proc.returncode in (1, 97) and not (tmp_path / "rc").exists():
@@ -230,7 +246,10 @@ def test_sigterm_to_the_job_saves_a_checkpoint_and_says_so(dataset, tmp_path, tr
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     last = err.strip().splitlines()[-1]
-    match = re.fullmatch(r"gr00t-train train: stopped by SIGTERM at step (\d+): saved checkpoint (\S+); continue with --resume", last)
+    match = re.fullmatch(
+        r"gr00t-train train: stopped by SIGTERM at step (\d+): saved checkpoint (\S+); continue with --resume",
+        last,
+    )
     assert match, last
     step = int(match.group(1))
     assert match.group(2) == str(out / "checkpoints" / f"step_{step:06d}") and 1 <= step < 300
@@ -275,13 +294,18 @@ def test_a_stalled_worker_stops_the_run_naming_the_setting(dataset, tmp_path, tr
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 2, err[-3000:]
-    assert "error: a data worker stalled: worker 0 (pid" in err and "still running) has not delivered batch" in err
+    assert (
+        "error: a data worker stalled: worker 0 (pid" in err
+        and "still running) has not delivered batch" in err
+    )
     assert "longer than data.worker_timeout_s=3 s" in err and "raise data.worker_timeout_s" in err
     assert "Traceback" not in err and waited < 60
 
 
 @pytest.mark.slow
-def test_undecodable_samples_are_skipped_up_to_the_budget(dataset_copy, tmp_path, train_args, capsys, caplog) -> None:
+def test_undecodable_samples_are_skipped_up_to_the_budget(
+    dataset_copy, tmp_path, train_args, capsys, caplog
+) -> None:
     video = next(dataset_copy.glob("videos/**/observation.images.image/episode_000001.mp4"))
     video.write_bytes(video.read_bytes()[: video.stat().st_size // 3])  # cut short, as by a full disk
     # A third of the samples cannot be decoded: within a budget of half, training runs through.
@@ -295,5 +319,7 @@ def test_undecodable_samples_are_skipped_up_to_the_budget(dataset_copy, tmp_path
     assert len(warned) == 1 and "(episode 1, frame " in warned[0] and str(video) in warned[0]
     # The default budget (1% of the samples) is exceeded at once: exit 2, naming the setting.
     code, err = _run_cli(train_args(dataset_copy, tmp_path / "strict"), capsys)
-    assert code == 2 and "samples failed to decode and were skipped, more than data.max_bad_fraction=0.01" in err
+    assert (
+        code == 2 and "samples failed to decode and were skipped, more than data.max_bad_fraction=0.01" in err
+    )
     assert "vla-io check DATASET" in err

@@ -61,7 +61,9 @@ def test_check_lists_every_bad_file_episode_and_frame(broken, capsys) -> None:
     actions[5] = [float("nan")] * len(actions[5])
     actions[6] = [float("inf")] * len(actions[6])
     column = table.schema.get_field_index("action")
-    pq.write_table(table.set_column(column, "action", pa.array(actions, table.schema.field("action").type)), table_path)
+    pq.write_table(
+        table.set_column(column, "action", pa.array(actions, table.schema.field("action").type)), table_path
+    )
     index = broken / "meta" / "episodes.jsonl"
     lines = index.read_text().splitlines()
     index.write_text("\n".join(lines[:2]) + "\n")  # episode 2 has data and videos but no index entry

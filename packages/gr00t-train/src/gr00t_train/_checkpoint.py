@@ -87,7 +87,11 @@ class Checkpointer:
         """Write the checkpoint of `step`; returns its final folder. A full disk (or any other write error)
         raises CheckpointError naming the folder; the partial save is removed, earlier checkpoints stay."""
         final = self.root / step_dir_name(step)
-        tmp = self.root / f".tmp-{self.run_id}-{final.name}" if self.run_id else self.root / f".tmp-{final.name}"
+        tmp = (
+            self.root / f".tmp-{self.run_id}-{final.name}"
+            if self.run_id
+            else self.root / f".tmp-{final.name}"
+        )
         try:
             if self.rank == 0:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,9 @@ class Checkpointer:
         removed. Another run's leftovers are left alone: it may be alive, writing into a shared folder."""
         if self.rank != 0 or not self.root.is_dir():
             return []
-        mine = (f".tmp-{self.run_id}-", f".old-{self.run_id}-") if self.run_id else (".tmp-step_", ".old-step_")
+        mine = (
+            (f".tmp-{self.run_id}-", f".old-{self.run_id}-") if self.run_id else (".tmp-step_", ".old-step_")
+        )
         stale = [p for p in self.root.iterdir() if p.name.startswith(mine)]
         for path in stale:
             log.warning("removing incomplete checkpoint %s (a save was interrupted)", path)

@@ -47,9 +47,15 @@ class FolderLock:
                     f"or choose another {setting}",
                 ) from None
             # A file system without locks (some network mounts): run unguarded rather than not at all.
-            log.warning("cannot lock %s (%s): nothing stops a second run from using it at the same time", path, err)
+            log.warning(
+                "cannot lock %s (%s): nothing stops a second run from using it at the same time", path, err
+            )
             return cls(path, None)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         return cls(path, fd)

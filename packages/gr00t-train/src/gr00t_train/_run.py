@@ -31,7 +31,10 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         finally:
             run.release()
     except Exception as err:
-        raise _stalled_worker(err, cfg) or err
+        stalled = _stalled_worker(err, cfg)
+        if stalled is None:
+            raise
+        raise stalled from err
     finally:
         shutdown_distributed(env)
     return summary if env.is_main else None

@@ -31,7 +31,15 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 ARCHIVE = "previous-runs"
-RUN_OUTPUTS = ("run.json", "metrics.jsonl", "summary.json", "config.json", "loss.png", "step_time.png", "tensorboard")
+RUN_OUTPUTS = (
+    "run.json",
+    "metrics.jsonl",
+    "summary.json",
+    "config.json",
+    "loss.png",
+    "step_time.png",
+    "tensorboard",
+)
 """What a run writes into its output_dir besides checkpoints (moved or deleted together)."""
 _UNNAMED = "unnamed"  # a run written before runs had ids
 
@@ -48,6 +56,7 @@ class RunClaim:
     run_id: str | None
     """None: continuing a run written before runs had ids."""
     resume_from: Path | None
+    key: Path
     locks: list[FolderLock] = field(default_factory=list)
     users: int = 1
 
@@ -57,9 +66,7 @@ class RunClaim:
         if self.users == 0:
             for lock in self.locks:
                 lock.release()
-            _HELD.pop(self._key, None)
-
-    _key: Path = Path()
+            _HELD.pop(self.key, None)
 
 
 _HELD: dict[Path, RunClaim] = {}
@@ -73,24 +80,28 @@ def claim_run(cfg: TrainConfig, env: DistEnv) -> RunClaim:
         held.users += 1
         return held
     locks: list[FolderLock] = []
-    outcome: tuple[Any, ...]
+    failure: Exception | None = None
+    outcome: tuple[Any, ...] = ()
     if env.is_main:
         try:
             locks = _lock_folders(cfg)
             run_id, resume_from = _decide(cfg, env.world_size)
             outcome = ("ok", run_id, str(resume_from) if resume_from else None)
-        except ConfigError as err:
+        except Exception as err:  # every rank must hear of it, or the others wait here forever
             for lock in locks:
                 lock.release()
-            outcome = ("error", type(err).__name__, err.field, err.reason)
-    else:
-        outcome = ()
+            failure = err
+            reason = err.reason if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+            outcome = ("error", type(err).__name__, getattr(err, "field", ""), reason)
     outcome = env.broadcast_object(outcome)
     if outcome[0] == "error":
-        kind = RunFolderError if outcome[1] == RunFolderError.__name__ else ConfigError
-        raise kind(outcome[2], outcome[3])
-    claim = RunClaim(outcome[1], Path(outcome[2]) if outcome[2] else None, locks)
-    claim._key = key
+        if failure is not None:
+            raise failure
+        kinds = {RunFolderError.__name__: RunFolderError, ConfigError.__name__: ConfigError}
+        if outcome[1] in kinds:
+            raise kinds[outcome[1]](outcome[2], outcome[3])
+        raise RuntimeError(f"rank 0 could not claim {cfg.output_dir}: {outcome[3]}")
+    claim = RunClaim(outcome[1], Path(outcome[2]) if outcome[2] else None, key, locks)
     _HELD[key] = claim
     return claim
 
@@ -104,7 +115,9 @@ def _lock_folders(cfg: TrainConfig) -> list[FolderLock]:
     locks = []
     try:
         for folder in folders:
-            locks.append(FolderLock.acquire(folder, "checkpoint.dir" if folder is checkpoints else "output_dir"))
+            locks.append(
+                FolderLock.acquire(folder, "checkpoint.dir" if folder is checkpoints else "output_dir")
+            )
     except BaseException:
         for lock in locks:
             lock.release()
@@ -206,7 +219,9 @@ def _recorded_run(out: Path) -> str | None:
         return _UNNAMED
 
 
-def _other_runs(out: Path, ck: Checkpointer, run_id: str | None, recorded: str | None) -> dict[str, list[Path]]:
+def _other_runs(
+    out: Path, ck: Checkpointer, run_id: str | None, recorded: str | None
+) -> dict[str, list[Path]]:
     """Files of runs other than `run_id`: {run id: checkpoint folders (+ output files under key '')}."""
     mine = run_id or _UNNAMED
     found: dict[str, list[Path]] = {}
@@ -235,7 +250,9 @@ def _settle(others: dict[str, list[Path]], cfg: TrainConfig, out: Path, ck: Chec
         partial = [p for p in ck.root.glob(f".tmp-{run}-*")] if run != _UNNAMED else []
         files = paths + partial + (outputs if run == recorded else [])
         if policy == "overwrite":
-            log.warning("checkpoint.existing_run=overwrite: deleting run %s (%d files/folders)", run, len(files))
+            log.warning(
+                "checkpoint.existing_run=overwrite: deleting run %s (%d files/folders)", run, len(files)
+            )
             for path in files:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         else:
@@ -263,7 +280,11 @@ def _describe(run: str, paths: list[Path]) -> str:
     if not paths:
         return f"run {run}: logs, no checkpoints"
     steps = [p.name for p in paths]
-    return f"run {run}: {len(paths)} checkpoint(s) {steps[0]}..{steps[-1]}" if len(steps) > 1 else f"run {run}: {steps[0]}"
+    return (
+        f"run {run}: {len(paths)} checkpoint(s) {steps[0]}..{steps[-1]}"
+        if len(steps) > 1
+        else f"run {run}: {steps[0]}"
+    )
 
 
 def _write_run_file(out: Path, run_id: str | None, resume_from: Path | None) -> None:

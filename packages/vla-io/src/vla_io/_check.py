@@ -89,7 +89,13 @@ def check_dataset(
     video_backend = resolve_backend(video_backend)  # loaded once here: forked workers inherit it
     meta = DatasetMeta(root)
     problems = [
-        Problem(_rel(meta, path), episode, None, "all", "has data but is missing from the episodes index (ignored)")
+        Problem(
+            _rel(meta, path),
+            episode,
+            None,
+            "all",
+            "has data but is missing from the episodes index (ignored)",
+        )
         for path, episode in unindexed_episodes(meta)
     ]
     jobs: list[tuple[Any, ...]] = []
@@ -102,7 +108,9 @@ def check_dataset(
         for key, span in ep.videos.items():
             first = int(round(span.from_timestamp * meta.fps))
             own_file = ep.dataset_from_index is None
-            jobs.append(("video", str(span.path), ep.index, key, first, ep.length, meta.fps, own_file, video_backend))
+            jobs.append(
+                ("video", str(span.path), ep.index, key, first, ep.length, meta.fps, own_file, video_backend)
+            )
             videos += 1
     decoded = 0
     for found, frames in _run_jobs(jobs, workers, progress):
@@ -159,7 +167,9 @@ def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
             bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
             if bad.any():
                 rows = np.flatnonzero(bad).tolist()
-                problems.append(Problem(str(path), ep.index, key, _ranges(rows), f"NaN/inf values in {len(rows)} row(s)"))
+                problems.append(
+                    Problem(str(path), ep.index, key, _ranges(rows), f"NaN/inf values in {len(rows)} row(s)")
+                )
     return problems, 0
 
 
@@ -196,14 +206,16 @@ def _check_video(
     for index, reason in sorted(bad.items()):
         by_kind.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), (reason, []))[1].append(index - first)
     for reason, frames in by_kind.values():
-        problems.append(Problem(path, episode, key, _ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}"))
+        problems.append(
+            Problem(path, episode, key, _ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
+        )
     return problems, decoded
 
 
 def _decode(reader: Any, indices: list[int], fps: float, bad: dict[int, str]) -> int:
     """Decode `indices`; frames outside the file or at the wrong time go into `bad`. Returns frames decoded."""
     inside = [i for i in indices if i < reader.num_frames]
-    for i in indices[len(inside):]:
+    for i in indices[len(inside) :]:
         bad[i] = "beyond the end of the video"
     if not inside:
         return 0

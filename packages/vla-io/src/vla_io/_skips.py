@@ -72,7 +72,9 @@ def _concat(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, first in rows[0].items():
         values = [row[key] for row in rows]
-        out[key] = torch.cat(values) if isinstance(first, torch.Tensor) else [v for part in values for v in part]
+        out[key] = (
+            torch.cat(values) if isinstance(first, torch.Tensor) else [v for part in values for v in part]
+        )
     return out
 
 
