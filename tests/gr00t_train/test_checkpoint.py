@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import gr00t_train
@@ -283,3 +284,37 @@ def test_sigterm_and_sigint_save_a_checkpoint_then_stop(tmp_path, env, standins,
     trainer = Trainer(cfg, standins.make_parts(), env)
     trainer.fit()
     assert trainer.step == int(step) + 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_without_a_manifest_the_file_formats_are_checked(tmp_path, damage: str) -> None:
+    # Checkpoints written before manifests existed (or whose manifest was lost) are judged by their formats.
+    ck = Checkpointer(tmp_path / "ck", keep_last=3)
+    for step in (2, 4):
+        _save(ck, step)
+        (tmp_path / "ck" / f"step_00000{step}" / "manifest.json").unlink()
+    newest = tmp_path / "ck" / "step_000004"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(64.0)}, str(newest / "model.safetensors"))
+    if damage == "truncate":
+        target = newest / "model.safetensors"
+        size = target.stat().st_size
+        target.write_bytes(target.read_bytes()[:-7])
+        reason = f"model.safetensors: {size - 7} bytes, its header describes {size}"
+    else:
+        target = newest / "rank00000.pt"
+        with zipfile.ZipFile(target) as archive:  # where the first tensor's bytes start in the file
+            info = next(i for i in archive.infolist() if "/data/" in i.filename)
+        data = bytearray(target.read_bytes())
+        local = info.header_offset  # local header: 30 bytes, then the name and the extra field
+        name_len, extra_len = (
+            int.from_bytes(data[local + 26 : local + 28], "little"),
+            int.from_bytes(data[local + 28 : local + 30], "little"),
+        )
+        data[local + 30 + name_len + extra_len] ^= 0xFF
+        target.write_bytes(bytes(data))
+        reason = f"rank00000.pt: record {info.filename} fails its CRC"
+    path, skipped = ck.newest_intact()
+    assert path.name == "step_000002"
+    assert len(skipped) == 1 and skipped[0].startswith(f"skipped checkpoint {newest}: {reason}")

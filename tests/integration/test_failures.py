@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -258,48 +257,31 @@ def test_sigterm_to_the_job_saves_a_checkpoint_and_says_so(dataset, tmp_path, tr
     assert sorted(losses(out)) == list(range(1, step + 3))
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_stalled_worker_stops_the_run_naming_the_setting(dataset, tmp_path, train_args) -> None:
-    # The data worker hangs for real (SIGSTOP, as a decoder stuck in native code): the run stops after
-    # data.worker_timeout_s, not 300 s, and the message names the setting to raise.
-    out = tmp_path / "run"
-    argv = train_args(dataset, out, "steps=500", "data.worker_timeout_s=3")
+def test_a_stalled_worker_stops_the_run_naming_the_setting(dataset_copy, tmp_path, train_args) -> None:
+    # A decoder that hangs for real: episode 1's video becomes a FIFO with no writer, so opening it blocks
+    # forever (as on a hung network file system). The run stops after data.worker_timeout_s, not 300 s,
+    # and the message names the setting to raise.
+    video = next(dataset_copy.glob("videos/**/observation.images.image/episode_000001.mp4"))
+    video.unlink()
+    os.mkfifo(video)
+    argv = train_args(dataset_copy, tmp_path / "run", "steps=500", "data.worker_timeout_s=3")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "gr00t_train", *argv], env=env, stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)  # fmt: skip
-    workers: list[int] = []
+                            stdout=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 150
-        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.1)
-        workers = _children(proc.pid)
-        assert workers, "no data worker process found"
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        _, err = proc.communicate(timeout=120)
-        waited = time.monotonic() - stopped
+        _, err = proc.communicate(timeout=150)
     finally:
-        proc.kill()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a worker left behind, if any
     assert proc.returncode == 2, err[-3000:]
     assert (
         "error: a data worker stalled: worker 0 (pid" in err
-        and "still running) has not delivered batch" in err
+        and "alive, now stopped) had not delivered batch" in err
     )
     assert "longer than data.worker_timeout_s=3 s" in err and "raise data.worker_timeout_s" in err
-    assert "Traceback" not in err and waited < 60
+    assert "Traceback" not in err
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import shutil
 from pathlib import Path
 
@@ -161,3 +163,21 @@ def test_substitutes_are_spread_and_deterministic() -> None:
     assert picks == [substitute(7, attempt, 1000) for attempt in range(1, 17)]
     assert len(set(picks)) > 12 and np.ptp(picks) > 500
     assert json.dumps(picks)  # plain ints
+
+
+def test_a_stalled_worker_raises_after_the_timeout_and_is_stopped(synth_root, tmp_path) -> None:
+    # Opening a FIFO without a writer blocks forever: a decoder hung on its file, as on a dead network mount.
+    root = tmp_path / "stalled"
+    shutil.copytree(synth_root("v2.1", "h264"), root)
+    video = _video(root, IMAGE, 0)
+    video.unlink()
+    os.mkfifo(video)
+    dataset = vla_io.LeRobotDataset(root, image_dtype="uint8", progress=False)
+    pipeline = vla_io.Pipeline(dataset, 32, num_workers=1, timeout_s=1.0, device="cpu", shuffle=False)
+    workers = multiprocessing.active_children
+    with pytest.raises(vla_io.WorkerTimeoutError) as info:
+        next(iter(pipeline))
+    assert info.value.timeout_s == 1.0 and "had not delivered batch (0, 0)" in info.value.detail
+    assert "raise PipelineConfig.timeout_s" in str(info.value)
+    pipeline.close()
+    assert not [p for p in workers() if p.name.startswith("vla-io-worker")]

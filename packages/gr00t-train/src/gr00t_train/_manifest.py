@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,10 @@ def write_manifest(folder: Path, extra: dict[str, Any]) -> Path:
 
 def check_manifest(folder: Path) -> str | None:
     """Why `folder` does not match its manifest (a missing, truncated or changed file), or None if it does.
-    A checkpoint without a manifest (written before manifests existed) passes unchecked."""
+    Without a manifest (written before manifests existed, or lost) the files' own structure is checked."""
     path = folder / MANIFEST
     if not path.is_file():
-        return None
+        return check_structure(folder)
     try:
         manifest = json.loads(path.read_text())
         entries = manifest["files"]
@@ -85,4 +86,42 @@ def check_manifest(folder: Path) -> str | None:
         name = str(file.relative_to(folder))
         if digests[file][1] != entries[name]["sha256"]:
             return f"{name} does not match its SHA-256 in {MANIFEST} (damaged on disk)"
+    return None
+
+
+def check_structure(folder: Path) -> str | None:
+    """Why a checkpoint's files are visibly broken, judged by their formats alone: JSON parses, a safetensors
+    file is as long as its header says, a torch zip archive has its directory and matching CRCs."""
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = str(file.relative_to(folder))
+        try:
+            if file.suffix == ".json":
+                json.loads(file.read_text())
+            elif file.suffix == ".safetensors":
+                reason = _safetensors_length(file)
+                if reason:
+                    return f"{name}: {reason} (no {MANIFEST} to compare with)"
+            elif file.suffix == ".pt":
+                with zipfile.ZipFile(file) as archive:
+                    bad = archive.testzip()
+                if bad is not None:
+                    return f"{name}: record {bad} fails its CRC (no {MANIFEST} to compare with)"
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            return f"{name} is unreadable ({type(err).__name__}: {err}; no {MANIFEST} to compare with)"
+    return None
+
+
+def _safetensors_length(file: Path) -> str | None:
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, too short for a header"
+        length = int.from_bytes(head, "little")
+        if length > size:
+            return f"{size} bytes, shorter than its {length}-byte header"
+        header = json.loads(f.read(length))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + length + end:
+        return f"{size} bytes, its header describes {8 + length + end}"
     return None

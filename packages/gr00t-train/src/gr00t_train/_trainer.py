@@ -18,7 +18,13 @@ from ._comm import build_comm
 from ._config import TrainConfig
 from ._config_io import config_to_dict, write_config_json
 from ._distributed import DistEnv
-from ._errors import BatchTooLargeError, ConfigError, NonFiniteLossError, TrainingInterrupted
+from ._errors import (
+    BatchTooLargeError,
+    CheckpointError,
+    ConfigError,
+    NonFiniteLossError,
+    TrainingInterrupted,
+)
 from ._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
 from ._parts import Batch, TrainParts, episode_ids
 from ._rng import rng_state, seed_everything, set_rng_state
@@ -222,7 +228,10 @@ class Trainer:
             return
         loaded = self.checkpointer.load(path)
         state = loaded.trainer_state
-        self.parts.load_model(self.parts.model, path)
+        try:
+            self.parts.load_model(self.parts.model, path)
+        except Exception as err:  # loaders rarely name the file; say which checkpoint failed
+            raise CheckpointError(f"cannot load the model of {path}: {type(err).__name__}: {err}") from err
         if loaded.optimizer_state is not None:
             self.comm.optimizer.load_state_dict(loaded.optimizer_state)
         set_rng_state(loaded.rank_state["rng"], self.env.device)

@@ -200,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        print(f"gr00t-train {args.command}: error: {err.strerror} writing {err.filename}", file=sys.stderr)
+        where = f" writing {err.filename}" if err.filename else ""
+        print(
+            f"gr00t-train {args.command}: error: {err.strerror} ({errno.errorcode[err.errno]}){where}; free "
+            "space, then continue with --resume",
+            file=sys.stderr,
+        )
         return 1
 
 

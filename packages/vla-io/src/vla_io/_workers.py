@@ -251,8 +251,10 @@ class WorkerPool:
                 if time.monotonic() - start > self.timeout_s:
                     worker = self._owner.get(key)
                     pid = self._procs[worker].pid if worker is not None else "?"
+                    if worker is not None:  # stuck (in native code, or stopped): it would not exit politely
+                        self._procs[worker].kill()
                     raise WorkerTimeoutError(
-                        f"worker {worker} (pid {pid}, still running) has not delivered batch {tag} "
+                        f"worker {worker} (pid {pid}, alive, now stopped) had not delivered batch {tag} "
                         f"(epoch, batch) for {time.monotonic() - start:.0f} s",
                         self.timeout_s,
                     ) from None
