@@ -134,3 +134,17 @@ def test_resume_with_another_batch_size_stops_at_the_start(tmp_path, env, standi
         and "step_000004 was written by 1 process(es) with" in message
     )
     assert "data.batch_size=4; this run has 1 process(es) and data.batch_size=8" in message
+
+
+def test_a_run_that_failed_at_its_start_does_not_block_the_next(tmp_path, env, standins) -> None:
+    # Nothing was trained or logged: the folder holds nothing to protect, so a corrected rerun just starts.
+    parts = standins.make_parts()
+
+    def crash(module, batch):
+        raise RuntimeError("a bug in the first step")
+
+    parts.loss_fn = crash
+    with pytest.raises(RuntimeError, match="a bug in the first step"):
+        Trainer(standins.small_config(tmp_path, steps=2), parts, env).fit()
+    assert (tmp_path / "run" / "run.json").is_file()
+    _run(standins, env, tmp_path, steps=2)

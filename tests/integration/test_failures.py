@@ -145,11 +145,7 @@ def test_kill_during_save_keeps_the_previous_checkpoint(
     assert sorted(losses(out)) == [1, 2, 3, 4]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
-    out = tmp_path / "run"
-    argv = train_args(dataset, out, "steps=3", "checkpoint.every=3", "optimizations.comm=overlap")
+def _torchrun(argv: list[str]) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "gr00t_train", *argv]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -161,7 +157,16 @@ def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
         output, _ = proc.communicate()
         raise AssertionError("torchrun timed out:\n" + output[-3000:]) from None
-    assert proc.returncode == 0, output[-5000:]
+    return proc.returncode, output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
+    out = tmp_path / "run"
+    argv = train_args(dataset, out, "steps=3", "checkpoint.every=3", "optimizations.comm=overlap")
+    code, output = _torchrun(argv)
+    assert code == 0, output[-5000:]
     assert sorted(losses(out)) == [1, 2, 3]
     ck = out / "checkpoints" / "step_000003"
     assert (ck / "rank00000.pt").is_file() and (ck / "rank00001.pt").is_file()
@@ -175,6 +180,18 @@ def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
         if re.match(r"\d\d:\d\d:\d\d (INFO|WARN|ERROR)", line)
     ]
     assert logged and not [line for line, n in collections.Counter(logged).items() if n > 1]
+
+
+def test_other_ranks_leave_shared_errors_to_rank_0(tmp_path, train_args, capsys, monkeypatch) -> None:
+    # Under torchrun every rank hits a config error alike: only rank 0 prints it. Errors that may be a
+    # rank's own (data) are printed with the rank in front.
+    monkeypatch.setenv("RANK", "1")
+    code, err = _run_cli([*train_args(tmp_path, tmp_path / "run"), "--set", "optim.lr=inf"], capsys)
+    assert code == 2 and err == ""
+    from gr00t_train.cli import _say, build_parser
+
+    _say(build_parser().parse_args(["train"]), "error: worker 0 of this rank stalled")
+    assert capsys.readouterr().err == "[rank 1] gr00t-train train: error: worker 0 of this rank stalled\n"
 
 
 _DISK_FULL = r"""

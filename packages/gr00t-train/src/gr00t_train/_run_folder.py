@@ -210,11 +210,13 @@ def _saved_batch_size(path: Path) -> int | None:
 
 # ------------------------------------------------------------------------------------ other runs' files
 def _recorded_run(out: Path) -> str | None:
-    """The run recorded in output_dir's run.json (`unnamed` for outputs of a run without an id)."""
+    """The run whose logs output_dir holds (from run.json; `unnamed` for a run without an id), or None when
+    nothing was logged there (a run that failed at its start leaves nothing worth keeping)."""
+    metrics = out / "metrics.jsonl"
+    if not (metrics.is_file() and metrics.stat().st_size > 0):
+        return None
     try:
         return json.loads((out / RUN_FILE).read_text())["run_id"] or _UNNAMED
-    except FileNotFoundError:
-        return _UNNAMED if (out / "metrics.jsonl").is_file() else None
     except (OSError, ValueError, KeyError, TypeError):
         return _UNNAMED
 

@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -189,24 +190,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, DataError) as err:  # bad input: nothing ran
-        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+        _say(args, f"error: {err}", same_on_every_rank=isinstance(err, ConfigError))
         return 2
     except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError) as err:
-        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)  # training stopped; says why
+        _say(args, f"error: {err}")  # training stopped; the message says why
         return 1
     except TrainingInterrupted as err:  # SIGTERM / SIGINT after a checkpoint: the conventional 128 + signal
-        print(f"gr00t-train {args.command}: stopped by {err}", file=sys.stderr)
+        _say(args, f"stopped by {err}", same_on_every_rank=True)
         return 128 + signal.Signals[err.signal_name].value
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f" writing {err.filename}" if err.filename else ""
-        print(
-            f"gr00t-train {args.command}: error: {err.strerror} ({errno.errorcode[err.errno]}){where}; free "
-            "space, then continue with --resume",
-            file=sys.stderr,
-        )
+        name = errno.errorcode[err.errno]
+        _say(args, f"error: {err.strerror} ({name}){where}; free space, then continue with --resume")
         return 1
+
+
+def _say(args: argparse.Namespace, text: str, same_on_every_rank: bool = False) -> None:
+    """One line on stderr. Under torchrun, rank 0 speaks for errors every rank hits alike (config, an agreed
+    stop); other ranks prefix theirs with the rank, as their log lines are."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0 and same_on_every_rank:
+        return
+    prefix = f"[rank {rank}] " if rank else ""
+    print(f"{prefix}gr00t-train {args.command}: {text}", file=sys.stderr)
 
 
 if __name__ == "__main__":
