@@ -123,3 +123,30 @@ def test_image_preprocessing_on_gpu_matches_cpu() -> None:
     gpu = preprocess_images(frames.cuda(), spec, generator=torch.Generator().manual_seed(3), **kwargs)
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, atol=2e-3, rtol=0)
+
+
+def test_bf16_matmul_weights_and_the_frozen_prefix_compute_what_autocast_computes() -> None:
+    """On the GPU, as on the CPU (test_fast_paths.py): bf16 Linear weights give the forward and gradients of
+    fp32 weights under autocast bitwise (the same cuBLAS kernels on the same bf16 values), and resuming the
+    forward from the frozen prefix changes nothing."""
+    config = GR00TConfig.preset("tiny", **BF16)
+    with torch.device("cuda"):
+        torch.manual_seed(0)
+        fp32 = GR00TN16(config).train()
+        bf16 = GR00TN16(config.replace(trainable_dtype="bfloat16")).train()
+    with torch.no_grad():
+        for p, q in zip(bf16.parameters(), fp32.parameters()):
+            p.copy_(q)
+    batch = make_dummy_batch(config, 4, num_images=2, device="cuda")
+    noise = torch.randn(4, config.action_horizon, config.max_action_dim, device="cuda")
+    t = torch.rand(4, device="cuda") * 0.999
+    results = []
+    for model, prefix in ((fp32, False), (bf16, False), (bf16, True)):
+        model.action_head.model.eval()  # no dropout: the three runs must draw nothing
+        model.zero_grad(set_to_none=True)
+        loss = model(batch, noise=noise, t=t, prefix=model.frozen_prefix(batch) if prefix else None)["loss"]
+        loss.backward()
+        results.append((loss.detach(), [p.grad.float() for p in model.parameters() if p.requires_grad]))
+    for loss, grads in results[1:]:
+        assert torch.equal(loss, results[0][0])
+        assert all(torch.equal(a, b) for a, b in zip(grads, results[0][1]))

@@ -74,7 +74,7 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
         ),
         (
             "optimizations.data=threads",
-            "optimizations.data: 'threads' is not one of the allowed values: sync, async",
+            "optimizations.data: 'threads' is not one of the allowed values: dataloader, sync, async",
         ),
         ("optim.lr=0", "optim.lr: must be > 0"),
         ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),

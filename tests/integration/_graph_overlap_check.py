@@ -54,28 +54,18 @@ def train(mode: str, comm: str, device: torch.device) -> tuple[torch.Tensor, tor
             lr=1e-3,
             config=vla_overlap.OverlapConfig(bucket_size=20_000, overlap_param_gather=False),
         )
-    position = [0]
 
     def microbatch(batch: dict) -> torch.Tensor:
-        last = position[0] % MICRO == MICRO - 1
-        position[0] += 1
-        if not last:
-            context = wrapped.no_sync()
-        else:  # eager: the end of backward waits; graphs: GraphedStep captures the wait after it
-            context = contextlib.nullcontext() if mode == "eager" else wrapped.launch_in_backward()
-        with context:
-            loss = F.mse_loss(wrapped(batch["x"]), batch["y"])
-            (loss / MICRO).backward()
+        # GraphedStep runs it under grad_sync.no_sync() / launch_in_backward() as the microbatch requires
+        loss = F.mse_loss(wrapped(batch["x"]), batch["y"])
+        (loss / MICRO).backward()
         return loss.detach()
 
     step = vla_graph.GraphedStep(
         microbatch,
         params=list(model.named_parameters()),
-        config=vla_graph.GraphConfig(mode=mode, grads="external", sync_in_graph=mode == "per_microbatch"),
-        zero_grad=wrapped.zero_grad_buffer,
-        start_grad_sync=wrapped.start_grad_sync,
-        finish_grad_sync=wrapped.finish_grad_sync,
-        after_replayed_sync=wrapped.mark_grads_synced,
+        config=vla_graph.GraphConfig(mode=mode, sync_in_graph=True),
+        grad_sync=wrapped.grad_sync,
     )
     losses = []
     for s in range(STEPS):

@@ -104,11 +104,16 @@ def run_training(
     device: str = "cpu",
     model_seed: int = 0,
     optimizer: str = "sgd",
+    compile_backend: str | None = None,
     **config,
 ) -> dict:
-    """Train a fresh toy model in `mode`; return per-iteration losses and gradients."""
+    """Train a fresh toy model in `mode`; return per-iteration losses and gradients. With `compile_backend`,
+    every block's forward is torch.compile'd (as gr00t_model.compile_blocks does)."""
     torch.manual_seed(model_seed)
     model = ToyTransformer(dropout=dropout).to(device)
+    if compile_backend is not None:
+        for block in model.blocks:
+            block.forward = torch.compile(block.forward, backend=compile_backend, dynamic=False)
     torch.manual_seed(1234)  # the dropout stream starts at the same point in every mode
     if device != "cpu":
         torch.cuda.manual_seed(1234)

@@ -5,11 +5,13 @@ printed after "GraphCaptureError:"); 0 means the case ran and printed OK. test_g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from vla_graph import GraphCaptureError, GraphConfig, GraphedStep
 
@@ -76,7 +78,6 @@ def generator(check: bool) -> None:
 def nccl_grad_sync(mode: str) -> None:
     """Gradient sync through caller callbacks with NCCL at world size 1: captured in full_iteration,
     eager after the last replay in per_microbatch; gradients equal the eager run bitwise."""
-    import torch.distributed as dist
 
     with socket.socket() as probe:  # a free port for this process's store
         probe.bind(("127.0.0.1", 0))
@@ -86,21 +87,11 @@ def nccl_grad_sync(mode: str) -> None:
     for run_mode in ("eager", mode):
         model = _model()
         params = list(model.parameters())
-        pending = []
-
-        def start(params=params, pending=pending) -> None:
-            pending.extend(dist.all_reduce(p.grad, async_op=True) for p in params)
-
-        def finish(pending=pending) -> None:
-            while pending:
-                pending.pop().wait()
-
         step = GraphedStep(
             lambda b, model=model: _loss_backward(model, b),
             params=params,
-            config=GraphConfig(mode=run_mode),
-            start_grad_sync=start,
-            finish_grad_sync=finish,
+            config=GraphConfig(mode=run_mode, sync_in_graph=False),
+            grad_sync=_AllReduceSync(params),
         )
         grads = []
         for seed in range(3):
@@ -111,6 +102,33 @@ def nccl_grad_sync(mode: str) -> None:
     dist.destroy_process_group()
     if not same:
         raise AssertionError(f"{mode} gradients after NCCL sync differ from eager")
+
+
+class _AllReduceSync:
+    """The smallest GradSync: all-reduce every .grad after the last backward (grads allocated up front)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params, self.pending = params, []
+        for p in params:
+            p.grad = torch.zeros_like(p)
+
+    def zero(self) -> None:
+        torch._foreach_zero_([p.grad for p in self.params])
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    launch_in_backward = no_sync
+
+    def start(self) -> None:
+        self.pending.extend(dist.all_reduce(p.grad, async_op=True) for p in self.params)
+
+    def finish(self) -> None:
+        while self.pending:
+            self.pending.pop().wait()
+
+    def mark_synced(self) -> None:
+        pass
 
 
 def _loss_backward(model: nn.Module, batch: dict) -> torch.Tensor:

@@ -19,7 +19,6 @@ def test_defaults_are_valid() -> None:
         ("on_shape_change", "pad", "error, recapture"),
         ("max_captures", 0, ">= 1"),
         ("fallback", "cpu", "error, eager"),
-        ("grads", "mine", "owned, external"),
         ("capture_error_mode", "strict", "global, thread_local, relaxed"),
     ],
 )

@@ -3,7 +3,9 @@ handling and callbacks as on a GPU, executed eagerly. Every mode is compared wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import types
 
 import pytest
 import torch
@@ -70,56 +72,85 @@ def _batches(count: int, seed: int = 0) -> list[dict]:
     return [{"x": torch.randn(4, 3, generator=gen), "index": i} for i in range(count)]
 
 
+class _RecordingSync:
+    """A GradSync that records what GraphedStep asks of it, around a plain model's own .grad."""
+
+    def __init__(self, events: list[str], model: nn.Module) -> None:
+        self.events, self.model = events, model
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)  # backward accumulates in place, outside any graph's memory
+
+    def zero(self) -> None:
+        self.events.append("zero")
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+
+    @contextlib.contextmanager
+    def _tag(self, name: str):
+        self.events.append(name)
+        yield
+
+    def no_sync(self):
+        return self._tag("no_sync")
+
+    def launch_in_backward(self):
+        return self._tag("launch")
+
+    def start(self) -> None:
+        self.events.append("start")
+
+    def finish(self) -> None:
+        self.events.append("finish")
+
+    def mark_synced(self) -> None:
+        self.events.append("synced")
+
+
+@pytest.mark.parametrize("sync_in_graph", [True, False])
 @pytest.mark.parametrize("mode", ["eager", *GRAPH_MODES])
-def test_grad_sync_callbacks_run_after_the_last_backward(mode: str) -> None:
+def test_grad_sync_is_driven_as_documented(mode: str, sync_in_graph: bool) -> None:
     events: list[str] = []
     model = nn.Linear(3, 2)
     step = GraphedStep(
         _linear_step(events, model, 2),
         params=model.parameters(),
-        config=GraphConfig(mode=mode, warmup_iters=2),
-        start_grad_sync=lambda: events.append("start"),
-        finish_grad_sync=lambda: events.append("finish"),
-    )
-    for seed in range(3):
-        events.clear()
-        step(_batches(2, seed))
-        # Emulation re-runs Python at replay; on a GPU only the kernels replay, but the order is the same.
-        assert events[-4:] == ["step0", "step1", "start", "finish"]
-    if mode == "full_iteration":
-        step.reset()
-        events.clear()
-        step(_batches(2))  # warmup and capture include the sync: it is part of the graph
-        assert events.count("start") == 2 + 1 + 1 and events.count("finish") == 4
-    if mode == "per_microbatch":
-        step.reset()
-        events.clear()
-        step(_batches(2))  # the sync stays outside the graphs: only after the replays
-        assert events.count("start") == 1 and events[-2:] == ["start", "finish"]
-
-
-def test_sync_in_graph_captures_the_sync_with_the_last_microbatch() -> None:
-    events: list[str] = []
-    model = nn.Linear(3, 2)
-    step = GraphedStep(
-        _linear_step(events, model, 2),
-        params=model.parameters(),
-        config=GraphConfig(mode="per_microbatch", warmup_iters=2, sync_in_graph=True),
-        start_grad_sync=lambda: events.append("start"),
-        finish_grad_sync=lambda: events.append("finish"),
-        after_replayed_sync=lambda: events.append("synced"),
+        config=GraphConfig(mode=mode, warmup_iters=2, sync_in_graph=sync_in_graph),
+        grad_sync=_RecordingSync(events, model),
     )
     step(_batches(2))
-    # warmup runs the sync where the graph will hold it; the last graph is the step and the sync together
-    iteration = ["step0", "step1", "start", "finish"]
-    assert events[: 3 * 4] == iteration * 3  # two warmup iterations, then the captures
+    captured = mode != "eager" and sync_in_graph
+    last = "step1" if mode == "eager" else ("launch" if captured else "no_sync")
     for seed in range(1, 3):
         events.clear()
         step(_batches(2, seed))
-        # emulation re-runs the captured Python at replay; a GPU replays the same kernels in this order
-        assert events == [*iteration, "synced"]
+        # Emulation re-runs the captured Python at replay; a GPU replays the same kernels in this order.
+        body = ["zero", "no_sync", "step0", last, *(["step1"] if last != "step1" else [])]
+        assert events == [*body, "start", "finish", *(["synced"] if captured else [])]
+
+
+def test_warmup_runs_the_sync_where_the_graph_will_hold_it() -> None:
+    events: list[str] = []
+    model = nn.Linear(3, 2)
+    step = GraphedStep(
+        _linear_step(events, model, 2),
+        params=model.parameters(),
+        config=GraphConfig(mode="per_microbatch", warmup_iters=2),
+        grad_sync=_RecordingSync(events, model),
+    )
+    step(_batches(2))
+    iteration = ["zero", "no_sync", "step0", "launch", "step1", "start", "finish"]
+    # the check forces three warmup iterations (two traced, one as captured), then the captures
+    assert events[: 3 * 7] == iteration * 3
     with pytest.raises(ValueError, match="sync_in_graph"):
         GraphConfig(sync_in_graph="yes")
+
+
+def test_a_grad_sync_object_needs_every_method() -> None:
+    model = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="lacks mark_synced"):
+        GraphedStep(lambda b: b, params=model.parameters(), grad_sync=types.SimpleNamespace(
+            zero=int, no_sync=int, launch_in_backward=int, start=int, finish=int))  # fmt: skip
 
 
 def test_gradients_accumulate_over_microbatches_into_owned_buffers() -> None:
@@ -152,33 +183,42 @@ def test_a_replaced_grad_is_an_error() -> None:
         step(_batches(1))
 
 
-def test_a_hook_that_removes_grads_needs_external_mode() -> None:
+def test_a_hook_that_removes_grads_needs_a_sync_object() -> None:
     model = nn.Linear(3, 2)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
-    with pytest.raises(RuntimeError, match="grads='external'"):
+    with pytest.raises(RuntimeError, match="grad_sync"):
         step(_batches(1))
 
 
+class _BufferSync(_RecordingSync):
+    """A bucketing wrapper's pattern: hooks add .grad into its own buffers and drop .grad."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__([], model)
+        model.zero_grad(set_to_none=True)  # .grad stays None: the hooks move every gradient out
+        self.main = {p: torch.zeros_like(p) for p in model.parameters()}
+
+        def move(p: torch.Tensor) -> None:
+            self.main[p].add_(p.grad)
+            p.grad = None
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(move)
+
+    def zero(self) -> None:
+        for g in self.main.values():
+            g.zero_()
+
+
 @pytest.mark.parametrize("mode", ["eager", *GRAPH_MODES])
-def test_external_gradient_buffers_filled_by_hooks(mode: str) -> None:
-    """A bucketing wrapper's pattern: hooks add .grad into its own buffer and drop .grad."""
+def test_gradient_buffers_of_a_sync_object_filled_by_hooks(mode: str) -> None:
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
-    main = {p: torch.zeros_like(p) for p in model.parameters()}
-
-    def move(p: torch.Tensor) -> None:
-        main[p].add_(p.grad)
-        p.grad = None
-
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(move)
+    sync = _BufferSync(model)
     step = GraphedStep(
-        _linear_step([], model, 2),
-        params=model.parameters(),
-        config=GraphConfig(mode=mode, grads="external"),
-        zero_grad=lambda: [g.zero_() for g in main.values()],
+        _linear_step([], model, 2), params=model.parameters(), config=GraphConfig(mode=mode), grad_sync=sync
     )
     reference = nn.Linear(3, 2)
     reference.load_state_dict(model.state_dict())
@@ -190,20 +230,25 @@ def test_external_gradient_buffers_filled_by_hooks(mode: str) -> None:
             (reference(batch["x"]).square().mean() / 2).backward()
         for p, r in zip(model.parameters(), reference.parameters()):
             assert p.grad is None
-            torch.testing.assert_close(main[p], r.grad, rtol=0, atol=1e-7)
+            torch.testing.assert_close(sync.main[p], r.grad, rtol=0, atol=1e-7)
 
 
-def test_external_mode_needs_zero_grad_and_no_leftover_grads() -> None:
+def test_a_grad_allocated_inside_the_capture_is_an_error() -> None:
+    """A sync object whose zero() drops .grad while nothing moves gradients: autograd would hand the graph's
+    own memory out as .grad."""
     model = nn.Linear(3, 2)
-    with pytest.raises(ValueError, match="zero_grad"):
-        GraphedStep(lambda b: b, params=model.parameters(), config=GraphConfig(grads="external"))
+
+    class DropGrads(_RecordingSync):
+        def zero(self) -> None:
+            model.zero_grad(set_to_none=True)
+
     step = GraphedStep(
         _linear_step([], model, 1),
         params=model.named_parameters(),
-        config=GraphConfig(grads="external"),
-        zero_grad=lambda: None,
+        config=GraphConfig(),
+        grad_sync=DropGrads([], model),
     )
-    with pytest.raises(RuntimeError, match=r"\.grad was set during capture"):
+    with pytest.raises(RuntimeError, match=r"\.grad was set to new memory during capture"):
         step(_batches(1))
 
 

@@ -128,7 +128,14 @@ def param_groups(module: nn.Module) -> list[dict[str, Any]]:
     return [{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": 2e-2}]
 
 
-def build(ctx: Any, mode: str, group: Any = None, bucket_size: int = 600, **model_kwargs: Any):
+def build(
+    ctx: Any,
+    mode: str,
+    group: Any = None,
+    bucket_size: int = 600,
+    overwrite: bool = True,
+    **model_kwargs: Any,
+):
     """(wrapped model, optimizer, scheduler, inner module) for one mode, from the same seeded model."""
     group = group if group is not None else ctx.group
     module = make_model(**model_kwargs)
@@ -141,6 +148,7 @@ def build(ctx: Any, mode: str, group: Any = None, bucket_size: int = 600, **mode
             bucket_size=bucket_size,
             overlap_grad_reduce=overlap,
             overlap_param_gather=mode == "zero1",
+            overwrite_first_grad=overwrite,
         )
         model = OverlapDataParallel(module, config, process_group=group)
         if mode.startswith("zero1"):
@@ -303,7 +311,8 @@ def explicit_path(ctx: Any, sharded: bool) -> dict[str, Any]:
     out = {}
     for how in ("hooks", "main_grad", "dot_grad"):
         mode = "zero1" if sharded else "overlap"
-        model, opt, sched, module = build(ctx, mode)
+        # Code that adds into main_grad itself needs buffers zeroed at each step's start.
+        model, opt, sched, module = build(ctx, mode, overwrite=how != "main_grad")
         params = model.trainable_parameters()
         for step in range(3):
             model.zero_grad()
@@ -640,3 +649,66 @@ def hang_the_first_time(ctx: Any, marker: str) -> int:
         open(marker, "w").close()
         time.sleep(3600)
     return ctx.rank
+
+
+# ------------------------------------------------------------------------------------------- fused clipping
+def fused_clip(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
+    """DistributedAdamW with global-norm clipping: fused AdamW (the clip folded into its grad_scale, no pass
+    over the gradients) vs the single-tensor AdamW (gradients multiplied by the clip coefficient)."""
+    out = {}
+    for fused in (False, True):
+        module = make_model()
+        model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "foreach": None, "fused": fused})
+        norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), micro, clip=0.05)
+        out[f"fused={fused}"] = {
+            "params": params_of(module),
+            "norms": norms,
+            "scale_left": opt.inner.grad_scale,
+        }
+    return out
+
+
+def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
+    """DistributedAdamW's flat one-pass step (torch-op kernel here; the Triton kernel is tested on the GPU)
+    vs torch's AdamW, with clipping and two parameter groups, bf16 parameters with fp32 masters; then the
+    flat optimizer's state dict loaded into a torch-stepped one continues the same trajectory."""
+    out = {}
+    for flat in (None, "torch"):
+        module = _bf16_model(mixed=True)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": flat})
+        sched = make_scheduler(opt)
+        norms = run_steps(
+            ctx, model, opt, sched, range(steps), micro, autocast=True, clip=0.05, dtype=torch.bfloat16
+        )
+        saved = opt.state_dict()
+        resumed_module = _bf16_model(mixed=True)
+        resumed = OverlapDataParallel(resumed_module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        other = DistributedAdamW(
+            resumed, param_groups(resumed_module), **{**ADAMW, "flat": "torch" if flat is None else None}
+        )
+        other.load_state_dict(saved)
+        other_sched = make_scheduler(other)
+        for _ in range(steps):
+            other_sched.step()
+        run_steps(
+            ctx,
+            resumed,
+            other,
+            other_sched,
+            range(steps, steps + 2),
+            micro,
+            autocast=True,
+            clip=0.05,
+            dtype=torch.bfloat16,
+        )
+        out[f"flat={flat}"] = {
+            "params": params_of(module),
+            "norms": norms,
+            "resumed": params_of(resumed_module),
+            "masters": {name: entry["master"] for name, entry in saved["state"].items()},
+            "moments": {name: entry["exp_avg_sq"] for name, entry in saved["state"].items()},
+            "steps": [float(entry["step"]) for entry in saved["state"].values()],
+        }
+    return out

@@ -156,3 +156,63 @@ def test_explicit_grad_sync_is_capturable_in_a_cuda_graph(nccl, sharded: bool) -
         torch.cuda.synchronize()
         for p, g in zip(params, static):
             assert torch.equal(p.main_grad, g)  # world size 1: the mean is the value itself
+
+
+def test_update_stream_fence_holds_back_a_replayed_graph() -> None:
+    """Work on the side stream (slowed down on purpose) is finished before a graph that waits on the fence
+    reads its result: the wait is captured as an event-wait node and honours records made after capture."""
+    from vla_overlap import UpdateStream
+
+    updates = UpdateStream("cuda")
+    x = torch.zeros(1 << 20, device="cuda")
+    y = torch.zeros_like(x)
+
+    def read() -> None:
+        updates.wait()
+        y.copy_(x * 2)
+
+    with updates.side():
+        x.fill_(0.0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        read()  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        read()
+    for value in (1.0, 2.0, 3.0):
+        with updates.side():
+            torch.cuda._sleep(20_000_000)  # tens of milliseconds: a missing wait would read the old x
+            x.fill_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.all(y == 2 * value), value
+
+
+def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic() -> None:
+    """The Triton kernel of DistributedAdamW's flat step vs the same arithmetic in torch ops, on random flat
+    buffers with two parameter groups, padding (group 255, left untouched), clipping and a bf16 copy."""
+    from vla_overlap._flat_adamw import _torch_step, _triton_step
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n = 3 * 4096 + 123  # several blocks and a ragged end
+    ids = torch.randint(0, 2, (n,), generator=gen, device="cuda").to(torch.uint8)
+    ids[1000:1064] = 255
+    table = torch.tensor([[1 - 1e-3 * 0.1, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
+                          [1.0, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
+    flats = []
+    for _ in range(2):
+        g = torch.Generator(device="cuda").manual_seed(1)
+        flat = {key: torch.randn(n, generator=g, device="cuda") for key in ("master", "grad", "exp_avg")}
+        flat["exp_avg_sq"] = torch.rand(n, generator=g, device="cuda")
+        flat["out"] = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        flat["group_ids"] = ids
+        flats.append(flat)
+    coef = torch.tensor(0.5, device="cuda")
+    _torch_step(flats[0], table, coef)
+    _triton_step(flats[1], table, coef)
+    for key in ("master", "exp_avg", "exp_avg_sq"):
+        torch.testing.assert_close(flats[1][key], flats[0][key], rtol=2e-6, atol=1e-7, msg=key)
+    assert torch.equal(flats[1]["out"], flats[1]["master"].bfloat16().where(ids != 255, flats[1]["out"]))
+    assert torch.all(flats[1]["out"][1000:1064] == 0)  # padding untouched

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -35,10 +37,10 @@ class Backbone(nn.Module):
         tokens = connect(self.mlp1, features, self.config.downsample_factor)
         return tokens.reshape(batch, count * tokens.shape[1], tokens.shape[2])
 
-    def forward(
+    def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns (features [B, S, D] after the final norm, valid [B, S] bool, image_mask [B, S] bool).
+    ) -> FrozenPrefix:
+        """Token embeddings with the image tokens placed, before any LLM layer (`layers_done` = 0).
 
         The k-th `<IMG_CONTEXT>` token of a row receives the k-th image token of that row. The batch must hold
         exactly N * tokens_per_image of them per row (the processor guarantees it; `GR00TN16.validate_batch`
@@ -51,4 +53,57 @@ class Backbone(nn.Module):
         order = (image_mask.long().cumsum(dim=1) - 1).clamp(0, images.shape[1] - 1)
         placed = images.gather(1, order[..., None].expand(-1, -1, images.shape[-1]))
         embeds = torch.where(image_mask[..., None], placed.to(embeds.dtype), embeds)
-        return self.language_model(embeds, valid), valid, image_mask
+        return FrozenPrefix(embeds, valid, image_mask, 0)
+
+    def frozen_depth(self) -> int | None:
+        """How many leading LLM layers read only frozen weights, with the vision tower, connector and token
+        embeddings frozen too; None when one of those trains (then nothing runs before a trainable weight)."""
+        lm = self.language_model
+        if any(
+            p.requires_grad for m in (self.vision_model, self.mlp1, lm.embed_tokens) for p in m.parameters()
+        ):
+            return None
+        depth = 0
+        for layer in lm.layers:
+            if any(p.requires_grad for p in layer.parameters()):
+                break
+            depth += 1
+        return depth
+
+    def frozen_prefix(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor
+    ) -> FrozenPrefix | None:
+        """Everything up to the first trainable weight (vision tower, connector, embeddings, frozen LLM
+        layers); None when the vision side trains. Reads no trainable parameter."""
+        depth = self.frozen_depth()
+        if depth is None:
+            return None
+        prefix = self.embed(input_ids, attention_mask, pixel_values)
+        prefix.hidden = self.language_model.run_layers(prefix.hidden, prefix.valid, 0, depth)
+        prefix.layers_done = depth
+        return prefix
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        prefix: FrozenPrefix | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (features [B, S, D] after the final norm, valid [B, S] bool, image_mask [B, S] bool),
+        continuing from `prefix` (the same batch's `frozen_prefix`) when given."""
+        if prefix is None:
+            prefix = self.embed(input_ids, attention_mask, pixel_values)
+        lm = self.language_model
+        hidden = lm.run_layers(prefix.hidden, prefix.valid, prefix.layers_done, len(lm.layers))
+        return lm.norm(hidden), prefix.valid, prefix.image_mask
+
+
+@dataclass
+class FrozenPrefix:
+    """The backbone's state after its frozen part: LLM hidden states after `layers_done` layers."""
+
+    hidden: torch.Tensor
+    valid: torch.Tensor
+    image_mask: torch.Tensor
+    layers_done: int

@@ -115,7 +115,9 @@ class GR00TConfig:
     frozen_dtype: str = "bfloat16"
     """Storage dtype of frozen parameters."""
     trainable_dtype: str = "float32"
-    """Storage dtype of trainable parameters."""
+    """Storage dtype of trainable parameters. With autocast (compute_dtype bf16/fp16) only the matmul weights
+    take it (`GR00TN16.matmul_weights()`: autocast rounds them to 16 bits before use anyway, so the forward
+    computes exactly what it computes from fp32 weights); norms, embeddings and bias adds stay float32."""
     compute_dtype: str | None = "bfloat16"
     """Autocast dtype of the forward pass; None runs without autocast."""
 

@@ -79,19 +79,24 @@ class LanguageModel(nn.Module):
         self.norm = Qwen3RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
 
     def forward(self, inputs_embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[B, S, D] embeddings + [B, S] bool valid -> final-normed hidden states [B, S, D].
+        """[B, S, D] embeddings + [B, S] bool valid -> final-normed hidden states [B, S, D]."""
+        return self.norm(self.run_layers(inputs_embeds, valid, 0, len(self.layers)))
+
+    def run_layers(self, hidden: torch.Tensor, valid: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Layers [start, stop) on hidden states [B, S, D] (no final norm): a forward can stop after the frozen
+        layers and resume from there.
 
         Positions are 0..S-1 for every row: RoPE scores depend only on position differences, so real tokens
         get the same result whatever padding surrounds them.
         """
-        cos, sin = rotary_tables(
-            inputs_embeds.shape[1], self.head_dim, self.rope_theta, inputs_embeds.device, inputs_embeds.dtype
-        )
+        if start >= stop:
+            return hidden
+        dtype = self.embed_tokens.weight.dtype  # the embeddings' dtype, wherever the run starts
+        cos, sin = rotary_tables(hidden.shape[1], self.head_dim, self.rope_theta, hidden.device, dtype)
         mask = causal_padding_mask(valid)
-        hidden = inputs_embeds
-        for layer in self.layers:
+        for layer in self.layers[start:stop]:
             hidden = _first(layer(hidden, attention_mask=mask, position_embeddings=(cos, sin)))
-        return self.norm(hidden)
+        return hidden
 
 
 def init_language_(model: LanguageModel) -> None:

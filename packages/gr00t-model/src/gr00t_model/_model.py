@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._action_head import ActionHead
-from ._backbone import Backbone
+from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
@@ -60,9 +61,53 @@ class GR00TN16(nn.Module):
         head.model.requires_grad_(c.tune_diffusion_model)
         head.vlln.requires_grad_(c.tune_vlln)
         frozen, trainable = getattr(torch, c.frozen_dtype), getattr(torch, c.trainable_dtype)
+        autocast = c.compute_dtype not in (None, "float32")
+        matmul = {id(p) for p in self.matmul_weights()}
         for param in self.parameters():
-            param.data = param.data.to(trainable if param.requires_grad else frozen)
+            if not param.requires_grad:
+                dtype = frozen
+            elif not autocast or id(param) in matmul:
+                dtype = trainable
+            else:  # autocast computes norms, embeddings and bias adds from the fp32 value: keep it
+                dtype = torch.float32
+            param.data = param.data.to(dtype)
         self.train(self.training)
+
+    def matmul_weights(self) -> list[nn.Parameter]:
+        """Linear weights and biases: each is read once per forward, by a matrix product that autocast feeds
+        with its bf16 rounding, so storing them in bf16 computes the same forward and the same gradients.
+        Not the per-embodiment projections: every sample gathers its slot's matrix, and the gradients of
+        those gathers accumulate in the weight's dtype (fp32 keeps them exact)."""
+        out = []
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                out += [p for p in (module.weight, module.bias) if p is not None]
+        return out
+
+    def repeated_blocks(self) -> list[nn.Module]:
+        """Every instance of the repeated blocks: SigLIP2 encoder layers, Qwen3 decoder layers, DiT blocks."""
+        return [
+            *self.backbone.vision_model.encoder.layers,
+            *self.backbone.language_model.layers,
+            *self.action_head.model.transformer_blocks,
+        ]
+
+    def compile_blocks(self, **options: Any) -> int:
+        """torch.compile the forward of every repeated block, in place (parameter names and state dicts do
+        not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
+        frozen vs trainable Qwen3 layers) compiles once and every instance reuses it; the code outside the
+        blocks stays eager. `options` go to torch.compile (default: dynamic=False). Returns the count."""
+        options = {"dynamic": False, **options}
+        blocks = self.repeated_blocks()
+        for block in blocks:
+            if "forward" not in vars(block):
+                block.forward = torch.compile(type(block).forward.__get__(block), **options)
+        return len(blocks)
+
+    def uncompile_blocks(self) -> None:
+        """Undo compile_blocks: every block runs its plain forward again."""
+        for block in self.repeated_blocks():
+            vars(block).pop("forward", None)
 
     def train(self, mode: bool = True) -> GR00TN16:
         """As nn.Module.train, but a frozen DiT stays in eval mode (no dropout), as in the release."""
@@ -93,22 +138,33 @@ class GR00TN16(nn.Module):
         return from_pretrained(path, **kwargs)
 
     # ---------------------------------------------------------------- forward
-    def _features(self, batch: Mapping[str, torch.Tensor]):
+    def _features(self, batch: Mapping[str, torch.Tensor], prefix: FrozenPrefix | None = None):
         features, valid, image_mask = self.backbone(
-            batch["input_ids"], batch["attention_mask"], batch["pixel_values"]
+            batch["input_ids"], batch["attention_mask"], batch["pixel_values"], prefix
         )
         return self.action_head.features(features, valid, image_mask)
+
+    def frozen_prefix(self, batch: Mapping[str, torch.Tensor]) -> FrozenPrefix | None:
+        """The part of the forward that reads no trainable parameter (vision tower, connector, embeddings and
+        the frozen LLM layers), to pass to `forward(..., prefix=)`; None when the vision side trains. It can
+        run while trainable weights are being updated."""
+        with self._autocast(batch["input_ids"].device):
+            return self.backbone.frozen_prefix(
+                batch["input_ids"], batch["attention_mask"], batch["pixel_values"]
+            )
 
     def forward(
         self,
         batch: Mapping[str, torch.Tensor],
         noise: torch.Tensor | None = None,
         t: torch.Tensor | None = None,
+        prefix: FrozenPrefix | None = None,
     ) -> dict[str, torch.Tensor]:
         """Training step's forward: {"loss": scalar fp32, "valid": number of real action entries}.
 
         `noise` [B, action_horizon, max_action_dim] and flow time `t` [B] in [0, 1) are drawn inside when not
-        given; pass them to draw them outside a captured graph. No host synchronisation happens here.
+        given; pass them to draw them outside a captured graph. `prefix`: this batch's `frozen_prefix(batch)`,
+        computed earlier (the result is the same). No host synchronisation happens here.
         """
         action, action_mask = batch["action"], batch["action_mask"]
         self._check_action_shape(action)
@@ -117,7 +173,7 @@ class GR00TN16(nn.Module):
         if t is None:
             t = self.action_head.sample_time(action.shape[0], action.device)
         with self._autocast(action.device):
-            vl, masks = self._features(batch)
+            vl, masks = self._features(batch, prefix)
             loss = self.action_head.loss(
                 vl, masks, batch["state"], action, action_mask, batch["embodiment_id"], noise, t
             )

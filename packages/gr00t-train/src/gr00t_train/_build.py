@@ -21,20 +21,47 @@ DATASET_META = "dataset_meta"
 
 
 def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
-    """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) ->
-    gr00t_model model, loss and random draws."""
-    import vla_io
-
+    """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
+    LeRobot-style baseline loader -> gr00t_model model, loss and random draws."""
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     model = _gr00t.build_model(cfg, env.device, tokenizer)
     data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main)
+    baseline = cfg.optimizations.data == "dataloader"
     processor = _data.make_processor(
         data,
         model.config,
         tokenizer,
-        augment_on_device=cfg.data.augment,
+        augment_on_device=cfg.data.augment and not baseline,
         vlm_seq_len=cfg.model.vlm_seq_len,
     )
+    vlm_tokens = processor.config.vlm_seq_len
+    flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
+    if baseline:  # the ablation ladder's first row
+        from ._baselines import LeRobotStyleSource, cpu_augmentation
+
+        cpu_augmentation(processor, cfg.data.augment)
+        source = LeRobotStyleSource(cfg, data, processor, env, check_first=model.validate_batch)
+    else:
+        source = _data.PipelineSource(_pipeline(cfg, env, data, processor), check_first=model.validate_batch)
+    log.info(
+        "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
+        "%d samples per epoch",
+        cfg.model.preset,
+        sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
+        len(data.camera_keys),
+        data.camera_keys,
+        vlm_tokens,
+        data.horizon,
+        len(data.dataset),
+    )
+    save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
+    return model_parts(cfg, env, model, source, save, flops, tokens)
+
+
+def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
+    """vla-io's pipeline: workers decode, the processor runs on the host thread, augmentation on the device."""
+    import vla_io
+
     pipeline = vla_io.Pipeline(
         data.dataset,
         cfg.data.batch_size,
@@ -53,39 +80,34 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
     )
     if len(pipeline) == 0:
+        pipeline.close()
         raise DataError(
             f"data.batch_size: dataset {data.root} has {len(data.dataset)} samples, fewer than one batch of "
             f"{cfg.data.batch_size} per rank on {env.world_size} rank(s)"
         )
-    vlm_tokens = processor.config.vlm_seq_len
-    flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
-    log.info(
-        "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
-        "%d samples, %d batches per epoch per rank",
-        cfg.model.preset,
-        sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
-        len(data.camera_keys),
-        data.camera_keys,
-        vlm_tokens,
-        data.horizon,
-        len(data.dataset),
-        len(pipeline),
-    )
+    return pipeline
 
-    def save(module: torch.nn.Module, folder: Path) -> None:
-        _gr00t.save_model(module, folder)
-        meta = folder / DATASET_META
-        meta.mkdir()
-        for name in ("modality.json", "stats.json"):
-            shutil.copy2(data.root / "meta" / name, meta / name)
 
+def save_dataset_meta(module: torch.nn.Module, folder: Path, data) -> None:
+    """The model, and beside it the dataset's modality.json and stats.json (what `infer` normalizes with)."""
+    _gr00t.save_model(module, folder)
+    meta = folder / DATASET_META
+    meta.mkdir()
+    for name in ("modality.json", "stats.json"):
+        shutil.copy2(data.root / "meta" / name, meta / name)
+
+
+def model_parts(cfg: TrainConfig, env: DistEnv, model, source, save, flops, tokens) -> TrainParts:
+    """TrainParts of a GR00T model fed by `source`."""
     return TrainParts(
         model=model,
         loss_fn=_gr00t.gr00t_loss,
-        data=_data.PipelineSource(pipeline, check_first=model.validate_batch),
+        data=source,
         save_model=save,
         load_model=_gr00t.load_model_in_place,
         flops_per_sample=flops,
         tokens_per_sample=tokens,
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device),
+        frozen_prefix=model.frozen_prefix,
+        compile_model=model.compile_blocks,
     )

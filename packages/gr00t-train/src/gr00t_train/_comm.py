@@ -1,11 +1,11 @@
-"""Gradient communication, one mode per `optimizations.comm` value, from vla_overlap, behind one small
-interface the step runner and the loop use."""
+"""Gradient communication: which object synchronizes gradients, and where, for every `optimizations.comm` x
+`optimizations.graph`, decided in one function (`plan_grad_sync`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,38 +20,44 @@ from ._optim import param_groups
 
 
 @dataclass
-class CommSetup:
-    """The model as the loop calls it, its optimizer, and the gradient-sync hooks of the chosen mode."""
+class SyncPlan:
+    """The model as the loop calls it, its optimizer, and the gradient sync GraphedStep drives."""
 
     module: nn.Module
     """What forward is called on (the wrapper)."""
     optimizer: Any
     """Has param_groups, step(), state_dict(), load_state_dict()."""
-    no_sync: Callable[[], AbstractContextManager]
-    """Context for backward passes that must only accumulate."""
+    grad_sync: Any
+    """The GradSync object (zero / no_sync / launch_in_backward / start / finish / mark_synced)."""
+    sync_in_graph: bool
+    """Graph modes: the sync is captured in the graphs (else it runs eagerly after the replays)."""
     clip_grad_norm: Callable[[float], torch.Tensor]
     """Global gradient norm before clipping; clips to the given value (0 = no clipping)."""
-    sync_in_backward: bool
-    """The last microbatch's backward launches the collectives from its hooks (overlap with backward)."""
-    start_sync: Callable[[], None] | None = None
-    """Explicit launch of every bucket's collective (the path for graphs and the all-reduce baseline)."""
-    finish_sync: Callable[[], None] | None = None
-    """Wait for the collectives; gradients are reduced when it returns."""
-    zero_grad: Callable[[], None] | None = None
-    """Reset the wrapper's own gradient buffers; None: vla_graph owns plain `.grad` buffers."""
-    sync_in_graph: bool = False
-    """Graph modes: the last microbatch launches the collectives from its backward hooks and the sync is
-    captured with it (`launch_in_backward`, then `mark_synced` after each replay)."""
-    launch_in_backward: Callable[[], AbstractContextManager] | None = None
-    """Context for the last microbatch's backward when the sync is captured in its graph."""
-    mark_synced: Callable[[], None] | None = None
-    """After a replay that ran the captured collectives: the gradients are reduced."""
 
 
-def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
-    """Wrap `model` and build its AdamW for `cfg.optimizations.comm`."""
+def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan:
+    """Wrap `model`, build its AdamW and decide where gradients are reduced.
+
+    When the mean gradient over ranks is ready, by `optimizations.comm` (rows) and `.graph` (columns):
+
+    | comm                     | eager                             | per_microbatch                     | full_iteration     |
+    |--------------------------|-----------------------------------|------------------------------------|--------------------|
+    | allreduce_after_backward | all buckets all-reduced when the  | all-reduced after the replays      | after the replay   |
+    |                          | last backward ends (the baseline) |                                    |                    |
+    | ddp                      | torch DDP's hooks, during the     | not allowed (hooks do not run at   | not allowed        |
+    |                          | last backward                     | replay; config error)              |                    |
+    | overlap                  | each bucket all-reduced from the  | sync_in_graph: launched bucket by  | after the replay   |
+    |                          | last backward's hooks as soon as  | bucket from the last microbatch's  |                    |
+    |                          | it is complete, waited at its end | backward, inside its graph, and    |                    |
+    |                          |                                   | waited at its end; else after the  |                    |
+    |                          |                                   | replays                            |                    |
+    | zero1_overlap            | as overlap, reduce-scatter; the   | as overlap, reduce-scatter;        | after the replay;  |
+    |                          | parameter all-gather is waited    | parameters gathered at the end of  | gathered in step() |
+    |                          | for by forward pre-hooks          | the optimizer step                 |                    |
+
+    Every microbatch but the last only accumulates (no_sync). full_iteration keeps the sync out of the graph:
+    a ZeRO-1 sync captured there differs from eager at 2 GPUs (BENCHMARKS.md; issue 16)."""
     opts, optim = cfg.optimizations, cfg.optim
-    mode = opts.comm
     graphs = opts.graph != "eager"
     overlap = vla_overlap.OverlapConfig(
         bucket_size=max(1, int(opts.bucket_mb * 2**20 / 4)),  # MiB of fp32 gradients -> elements
@@ -63,7 +69,7 @@ def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
     with where:
         wrapped, optimizer = vla_overlap.build_data_parallel(
             model,
-            mode,
+            opts.comm,
             params=param_groups(model.named_parameters(), optim.weight_decay),
             lr=optim.lr,
             betas=optim.betas,
@@ -76,24 +82,10 @@ def build_comm(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> CommSetup:
     def clip(max_norm: float) -> torch.Tensor:
         return vla_overlap.clip_grad_norm_(wrapped, optimizer, max_norm if max_norm > 0 else math.inf)
 
-    if mode == "ddp":  # torch DDP: all-reduce from its own hooks during backward; eager only (config check)
-        return CommSetup(wrapped, optimizer, wrapped.no_sync, clip, sync_in_backward=True)
-    overlapped = mode != "allreduce_after_backward"  # the baseline reduces after backward by definition
-    return CommSetup(
-        wrapped,
-        optimizer,
-        wrapped.no_sync,
-        clip,
-        # Hooks never fire during graph replay: graph modes either capture the collectives with the last
-        # microbatch (comm_in_graph) or accumulate only and sync explicitly after the replay.
-        sync_in_backward=overlapped and not graphs,
-        start_sync=wrapped.start_grad_sync,
-        finish_sync=wrapped.finish_grad_sync,
-        zero_grad=wrapped.zero_grad_buffer,
-        # per_microbatch only: ZeRO-1 reduce-scatters captured anywhere but in the last microbatch's backward
-        # hooks differ from eager at 2 GPUs (about 6e-3 after 4 steps, BENCHMARKS.md); full_iteration keeps
-        # the sync after the replay.
-        sync_in_graph=overlapped and opts.graph == "per_microbatch" and opts.comm_in_graph,
-        launch_in_backward=wrapped.launch_in_backward,
-        mark_synced=wrapped.mark_grads_synced,
-    )
+    if opts.comm == "ddp":
+        from ._baselines import DDPGradSync
+
+        return SyncPlan(wrapped, optimizer, DDPGradSync(wrapped), False, clip)
+    overlapped = opts.comm != "allreduce_after_backward"  # the baseline reduces after backward by definition
+    in_graph = overlapped and opts.graph == "per_microbatch" and opts.sync_in_graph
+    return SyncPlan(wrapped, optimizer, wrapped.grad_sync, in_graph, clip)

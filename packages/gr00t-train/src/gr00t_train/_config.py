@@ -10,7 +10,7 @@ from typing import Literal
 
 from ._config_types import check_fields, require
 
-DataMode = Literal["sync", "async"]
+DataMode = Literal["dataloader", "sync", "async"]
 CommMode = Literal["allreduce_after_backward", "ddp", "overlap", "zero1_overlap"]
 GraphMode = Literal["eager", "full_iteration", "per_microbatch"]
 
@@ -143,7 +143,9 @@ class OptimizationsConfig(_Section):
     """One switch per speed-up, so each row of the ablation ladder is one command line."""
 
     data: DataMode = "async"
-    """sync: load and preprocess in the training loop; async: the three-level pipeline."""
+    """async: vla-io's three-level pipeline; sync: the same, loaded in the training loop; dataloader: the
+    LeRobot-style baseline (a torch DataLoader with workers over single samples, the processor in the
+    workers, images prepared on the CPU)."""
     comm: CommMode = "overlap"
     """Gradient communication: all-reduce after backward, torch DDP, overlapped buckets, or ZeRO-1 + overlap."""
     graph: GraphMode = "eager"
@@ -158,7 +160,17 @@ class OptimizationsConfig(_Section):
     """Gradient bucket size for the overlap wrappers, in MiB."""
     graph_warmup: int = 3
     """Eager steps before a CUDA graph is captured."""
-    comm_in_graph: bool = True
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile every repeated block of the model (vision, LLM and DiT blocks; each block type compiles
+    once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
+    bf16_weights: bool = False
+    """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
+    the optimizer, which writes the bf16 copy; gradients accumulate in fp32. The same numbers as fp32 weights
+    under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and precision bf16."""
+    optimizer_overlap: bool = False
+    """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
+    frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
+    sync_in_graph: bool = True
     """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
     graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
     (else they run after the replay, exposed). The exposed part is then inside `compute` in the breakdown."""
@@ -166,6 +178,11 @@ class OptimizationsConfig(_Section):
     def _check(self) -> None:
         require(self.bucket_mb > 0, "bucket_mb", f"must be > 0, got {self.bucket_mb}")
         require(self.graph_warmup >= 1, "graph_warmup", f"must be >= 1, got {self.graph_warmup}")
+        require(
+            not self.bf16_weights or self.comm == "zero1_overlap",
+            "bf16_weights",
+            f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
+        )
         require(
             self.comm != "ddp" or self.graph == "eager",
             "graph",
@@ -210,7 +227,8 @@ class LoggingConfig(_Section):
     plots: bool = True
     """Write loss-curve and step-time PNGs at the end."""
     peak_tflops: float | None = None
-    """Device peak for MFU, in TFLOP/s; None = known GPUs only (H200: 790 bf16, measured)."""
+    """Device peak for MFU, in TFLOP/s; None = the datasheet dense bf16 peak of a known GPU (H100/H200 989,
+    A100/A800 312), as torchtitan and Megatron count MFU."""
     summary_skip: int = 5
     """Leading steps left out of the throughput summary (compilation, capture, warm caches)."""
 
@@ -232,7 +250,8 @@ class TrainConfig(_Section):
     """auto = CUDA when available (one GPU per process under torchrun), else CPU."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """Model precision: bf16 = frozen weights bf16, trainable fp32, bf16 autocast (the release's policy);
-    fp32 = everything fp32; auto = bf16 on CUDA, the model preset's own choice on CPU."""
+    fp32 = everything fp32; auto = bf16 on CUDA (and with optimizations.bf16_weights), the model preset's own
+    choice on CPU."""
     output_dir: str = "runs/gr00t-train"
     """Where logs, plots, the resolved config and (by default) checkpoints go."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -244,6 +263,11 @@ class TrainConfig(_Section):
 
     def _check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        require(
+            not (self.optimizations.bf16_weights and self.precision == "fp32"),
+            "optimizations.bf16_weights",
+            "needs bf16 autocast; it cannot run with precision=fp32",
+        )
         require(bool(self.output_dir), "output_dir", "must not be empty")
 
     @property

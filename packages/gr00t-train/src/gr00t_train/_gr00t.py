@@ -16,17 +16,6 @@ from ._errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MODEL_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "pixel_values",
-    "state",
-    "action",
-    "action_mask",
-    "embodiment_id",
-)
-"""What the model's training forward reads from a batch."""
-
 _PRECISION = {
     "bf16": {"compute_dtype": "bfloat16", "frozen_dtype": "bfloat16", "trainable_dtype": "float32"},
     "fp32": {"compute_dtype": None, "frozen_dtype": "float32", "trainable_dtype": "float32"},
@@ -42,10 +31,12 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
         if getattr(m, k) is not None
     }
     precision = cfg.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else None  # CPU: the preset's own choice
+    if precision == "auto":  # CPU: the preset's own choice, unless bf16 weights need autocast
+        precision = "bf16" if device.type == "cuda" or cfg.optimizations.bf16_weights else None
     if precision is not None:
         fields.update(_PRECISION[precision])
+    if cfg.optimizations.bf16_weights:
+        fields["trainable_dtype"] = "bfloat16"  # matmul weights only; the optimizer keeps fp32 masters
     token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
     fields["image_token_id"] = token_id
     return fields
@@ -77,9 +68,10 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
     return model.train()
 
 
-def gr00t_loss(module: torch.nn.Module, batch: dict) -> torch.Tensor:
-    """Flow-matching loss of one microbatch; noise and flow time come pre-drawn in the batch."""
-    return module(batch, noise=batch["noise"], t=batch["t"])["loss"]
+def gr00t_loss(module: torch.nn.Module, batch: dict, prefix=None) -> torch.Tensor:
+    """Flow-matching loss of one microbatch; noise and flow time come pre-drawn in the batch; `prefix` is
+    the batch's frozen prefix when it was computed ahead (`GR00TN16.frozen_prefix`)."""
+    return module(batch, noise=batch["noise"], t=batch["t"], prefix=prefix)["loss"]
 
 
 def make_draw(model: GR00TN16, batch_size: int, device: torch.device) -> Callable[[dict], dict]:

@@ -14,8 +14,9 @@ from ._timing import PHASES
 
 log = logging.getLogger(__name__)
 
-# Peak dense bf16 rates measured through PyTorch (see the anchors): the denominator of MFU.
-KNOWN_PEAK_TFLOPS = {"H200": 790.0}
+KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "H20": 148.0, "A100": 312.0, "A800": 312.0}
+"""Datasheet dense bf16 peak per GPU (TFLOP/s): the denominator of MFU as torchtitan, Megatron and
+llm-foundry count it (a measured matmul rate, about 790 on an H200, may be shown beside it, never instead)."""
 
 
 @dataclass
@@ -35,6 +36,7 @@ class StepRecord:
     compute_s: float
     comm_s: float
     optimizer_s: float
+    optimizer_overlapped_s: float = 0.0
 
 
 @dataclass
@@ -61,7 +63,7 @@ class Throughput:
 
 
 def peak_flops_for(device_name: str, override_tflops: float | None) -> float | None:
-    """Peak FLOP/s of a device for MFU: the configured value, else a known GPU's measured peak."""
+    """Peak FLOP/s of a device for MFU: the configured value, else a known GPU's datasheet dense bf16 peak."""
     if override_tflops is not None:
         return override_tflops * 1e12
     for key, tflops in KNOWN_PEAK_TFLOPS.items():
@@ -88,6 +90,8 @@ class RunSummary:
     """Where a step's time went (sums to step_time_s): data_wait, compute, comm, optimizer, other."""
     h2d_s: float = 0.0
     """Host-to-device copy + device transform per step, on the pipeline's own thread (overlapped)."""
+    optimizer_overlapped_s: float = 0.0
+    """GPU time of the optimizer step on its side stream, overlapping the next step (optimizer_overlap)."""
     skipped_samples: int = 0
     """Samples whose video failed to decode, replaced by others (all ranks, the whole run)."""
 
@@ -109,6 +113,8 @@ class RunSummary:
         for name, seconds in self.breakdown_s.items():
             rows.append((f"  {name}", f"{1000 * seconds:.1f} ms ({100 * seconds / total:.0f}%)"))
         rows.append(("h2d (overlapped)", f"{1000 * self.h2d_s:.1f} ms"))
+        if self.optimizer_overlapped_s:
+            rows.append(("optimizer (overlapped)", f"{1000 * self.optimizer_overlapped_s:.1f} ms"))
         rows.append(("skipped samples", f"{self.skipped_samples} (failed to decode)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
@@ -122,7 +128,7 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
     n = len(measured)
     step_time = sum(r.step_time_s for r in measured) / n
     rates = throughput.record(0, 0.0, 0.0, None, {"step": step_time, **dict.fromkeys(PHASES, 0.0)})
-    in_step = [name for name in PHASES if name != "h2d"]
+    in_step = [name for name in PHASES if name not in ("h2d", "optimizer_overlapped")]
     breakdown = {name: sum(getattr(r, f"{name}_s") for r in measured) / n for name in in_step}
     breakdown["other"] = max(0.0, step_time - sum(breakdown.values()))
     return RunSummary(
@@ -136,6 +142,7 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
         step_time_s=step_time,
         breakdown_s=breakdown,
         h2d_s=sum(r.h2d_s for r in measured) / n,
+        optimizer_overlapped_s=sum(r.optimizer_overlapped_s for r in measured) / n,
     )
 
 

@@ -45,8 +45,9 @@ class TrainParts:
 
     model: nn.Module
     """The model, on the training device (frozen parameters have requires_grad=False)."""
-    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
-    """Scalar training loss of one microbatch, given the (possibly wrapped) module to call."""
+    loss_fn: Callable[..., torch.Tensor]
+    """Scalar training loss of one microbatch: loss_fn(module, batch), given the (possibly wrapped) module
+    to call; with `frozen_prefix` set, loss_fn(module, batch, prefix) continues from that prefix."""
     data: BatchSource
     """Where batches come from."""
     save_model: Callable[[nn.Module, Path], None]
@@ -62,6 +63,11 @@ class TrainParts:
     and merged into the batch, so graphed and eager runs consume the same random stream."""
     close: Callable[[], None] | None = None
     """Called once when training ends (after `data.close()`)."""
+    frozen_prefix: Callable[[Batch], Any] | None = None
+    """The part of a microbatch's forward that reads no trainable parameter (None when nothing qualifies):
+    with the optimizer overlapped, it runs before the step waits for the update."""
+    compile_model: Callable[[], int] | None = None
+    """torch.compile the model's repeated blocks in place; returns how many (None: not supported)."""
 
 
 def episode_ids(batch: Batch) -> list[int] | None:

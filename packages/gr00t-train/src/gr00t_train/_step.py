@@ -1,15 +1,16 @@
 """One step's forward and backward over its microbatches, through vla_graph's GraphedStep in the mode
-`optimizations.graph` names (eager, full_iteration, per_microbatch), then the gradient sync."""
+`optimizations.graph` names (eager, full_iteration, per_microbatch), with the gradient sync of the plan."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 
 import torch
 import vla_graph
+import vla_overlap
 
-from ._comm import CommSetup
+from ._comm import SyncPlan
 from ._config import TrainConfig
 from ._parts import Batch, TrainParts
 
@@ -18,60 +19,90 @@ StepRunner = Callable[[list[Batch]], torch.Tensor]
 mean over microbatches and ranks); returns the mean loss, detached, on the device."""
 
 
+class TimedGradSync:
+    """A GradSync that times the explicit sync (start + finish) as communication, except while a CUDA graph
+    is being captured (no timing events there): with the sync in a graph, its exposed part is in `compute`."""
+
+    def __init__(self, inner, phase: Callable[[str], AbstractContextManager]) -> None:
+        self._inner, self._phase = inner, phase
+
+    def zero(self) -> None:
+        self._inner.zero()
+
+    def no_sync(self) -> AbstractContextManager:
+        return self._inner.no_sync()
+
+    def launch_in_backward(self) -> AbstractContextManager:
+        return self._inner.launch_in_backward()
+
+    def start(self) -> None:
+        if _capturing():
+            self._inner.start()
+            return
+        self._started = self._phase("comm")
+        self._started.__enter__()
+        self._inner.start()
+
+    def finish(self) -> None:
+        try:
+            self._inner.finish()
+        finally:
+            started, self._started = getattr(self, "_started", None), None
+            if started is not None:
+                started.__exit__(None, None, None)
+
+    def mark_synced(self) -> None:
+        self._inner.mark_synced()
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def graphed_runner(
     cfg: TrainConfig,
     parts: TrainParts,
-    comm: CommSetup,
-    timed_sync: Callable[[Callable[[], None]], None] = lambda sync: sync(),
+    plan: SyncPlan,
+    phase: Callable[[str], AbstractContextManager] | None = None,
+    updates: vla_overlap.UpdateStream | None = None,
 ) -> tuple[StepRunner, vla_graph.GraphedStep]:
     """The StepRunner of `cfg.optimizations.graph`, and the GraphedStep behind it (for its report).
 
-    `timed_sync(fn)` runs the explicit gradient sync; the loop passes one that times it as communication."""
+    `phase(name)` is the loop's timer: the explicit gradient sync is timed as `comm` with it. With `updates`
+    (the optimizer runs on its side stream), each microbatch first computes the model's frozen prefix, then
+    waits for the update before the trainable part; gradients are zeroed on the side stream after it."""
     n = cfg.optim.grad_accum
-    position = [0]
-
-    def backward_context(last: bool) -> AbstractContextManager:
-        # Only the last microbatch lets hooks communicate: eager overlap syncs at the end of its backward;
-        # with the sync in the graph it launches from backward and GraphedStep captures the wait after it.
-        if last and comm.sync_in_backward:
-            return nullcontext()
-        if last and comm.sync_in_graph and comm.launch_in_backward is not None:
-            return comm.launch_in_backward()
-        return comm.no_sync()
+    split = updates is not None and parts.frozen_prefix is not None
 
     def microbatch_step(batch: Batch) -> torch.Tensor:
-        last = position[0] % n == n - 1  # graphs capture each microbatch position once, in order
-        position[0] += 1
-        with backward_context(last):
-            loss = parts.loss_fn(comm.module, batch)  # precision (autocast) is the model's own business
-            (loss / n).backward()
+        # GraphedStep runs this under the sync's no_sync() / launch_in_backward() as the microbatch needs.
+        if split:
+            prefix = parts.frozen_prefix(batch)  # reads no trainable weight: overlaps the update
+            updates.wait()
+            loss = parts.loss_fn(plan.module, batch, prefix)
+        else:
+            if updates is not None:
+                updates.wait()
+            loss = parts.loss_fn(plan.module, batch)  # precision (autocast) is the model's own business
+        (loss / n).backward()
         return loss.detach()
 
+    sync = plan.grad_sync if updates is None else updates.grad_sync(plan.grad_sync)
+    sync = sync if phase is None else TimedGradSync(sync, phase)
     step = vla_graph.GraphedStep(
         microbatch_step,
         params=[(name, p) for name, p in parts.model.named_parameters() if p.requires_grad],
         config=vla_graph.GraphConfig(
             mode=cfg.optimizations.graph,
             warmup_iters=cfg.optimizations.graph_warmup,
-            grads="owned" if comm.zero_grad is None else "external",
-            sync_in_graph=comm.sync_in_graph,  # set by build_comm for per_microbatch only
+            sync_in_graph=plan.sync_in_graph,
         ),
         draw=parts.draw,
-        zero_grad=comm.zero_grad,
-        start_grad_sync=comm.start_sync if comm.sync_in_graph else None,
-        finish_grad_sync=comm.finish_sync if comm.sync_in_graph else None,
-        after_replayed_sync=comm.mark_synced if comm.sync_in_graph else None,
+        grad_sync=sync,
     )
 
-    def sync() -> None:
-        comm.start_sync()
-        comm.finish_sync()
-
     def run(microbatches: list[Batch]) -> torch.Tensor:
-        position[0] = 0
         losses = step(microbatches)
-        if comm.start_sync is not None and not comm.sync_in_graph:
-            timed_sync(sync)  # a no-op when the last backward already synced (eager overlap)
         return torch.stack([loss.float() for loss in losses]).mean()
 
     return run, step

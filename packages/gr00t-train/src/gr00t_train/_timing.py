@@ -10,7 +10,8 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("data_wait", "h2d", "compute", "comm", "optimizer")
+PHASES = ("data_wait", "h2d", "compute", "comm", "optimizer", "optimizer_overlapped")
+"""h2d runs on the pipeline's thread and optimizer_overlapped on a side stream: both overlap the step."""
 
 
 class StepTimes:

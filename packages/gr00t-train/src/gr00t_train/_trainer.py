@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import vla_overlap
 
 from .__about__ import __version__
 from ._backends import BackendSwitches
 from ._checkpoint import Checkpointer
-from ._comm import build_comm
+from ._comm import plan_grad_sync
 from ._config import TrainConfig
 from ._config_io import config_to_dict, write_config_json
 from ._distributed import DistEnv
@@ -63,14 +66,23 @@ class Trainer:
         self.backends = BackendSwitches(cfg)  # TF32 / cuDNN switches: set by fit(), restored when it ends
         self.checks = RunChecks(cfg, env)
         seed_everything(cfg.seed + env.rank)
-        self.comm = build_comm(parts.model, cfg, env)
+        self.compiled_blocks = self._maybe_compile()
+        self.comm = plan_grad_sync(parts.model, cfg, env)
         self.timer = StepTimer(env.device, nested={"comm": "compute"})
-        self.run_step, self.graphed_step = graphed_runner(cfg, parts, self.comm, self._timed)
+        opts = cfg.optimizations
+        self.updates = vla_overlap.UpdateStream(env.device) if opts.optimizer_overlap else None
+        self.run_step, self.graphed_step = graphed_runner(
+            cfg, parts, self.comm, self.timer.phase, self.updates
+        )
         self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
         self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
         device_name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
         peak = peak_flops_for(device_name, cfg.logging.peak_tflops)
+        self.peak_tflops = None if peak is None else peak / 1e12
+        if peak is not None:
+            log.info("MFU counts against %.0f TFLOP/s per %s (%s)", self.peak_tflops, device_name,
+                     "logging.peak_tflops" if cfg.logging.peak_tflops else "datasheet dense bf16 peak")  # fmt: skip
         self.throughput = Throughput(  # the global batch's FLOPs against the peak of every rank's device
             self.global_batch,
             parts.tokens_per_sample,
@@ -79,7 +91,23 @@ class Trainer:
         )
         self.step = 0
         self.samples_seen = 0
+        self.first_step_s: float | None = None
+        self.step_callback: Callable[[], None] | None = None
+        """Called after every step (e.g. a profiler's step())."""
         self.out_dir = Path(cfg.output_dir)
+
+    def _maybe_compile(self) -> int:
+        """torch.compile the model's repeated blocks when optimizations.compile says so; returns how many."""
+        mode = self.cfg.optimizations.compile
+        if mode == "off" or (mode == "auto" and self.env.device.type != "cuda"):
+            return 0
+        if self.parts.compile_model is None:
+            if mode == "on":
+                raise ConfigError("optimizations.compile", "this model offers no blocks to compile")
+            return 0
+        count = self.parts.compile_model()
+        log.info("compiling %d repeated blocks with torch.compile (on the first step)", count)
+        return count
 
     # ------------------------------------------------------------------------------------------- run
     def fit(self) -> RunSummary:
@@ -111,6 +139,7 @@ class Trainer:
         try:
             self.checks.stop.install()
             self._loop(metrics)
+            self._await_update()
         finally:
             self.checks.stop.restore()
             # Graphs hold the NCCL collectives they captured: free them before the process group can go
@@ -126,13 +155,10 @@ class Trainer:
             raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")
         summary = summarize(metrics.records, self.cfg.logging.summary_skip, self.throughput)
         summary.skipped_samples = self.checks.skipped
+        self.last_summary = summary
         if self.env.is_main:
             self._write_report(summary)
         return summary
-
-    def _timed(self, sync) -> None:
-        with self.timer.phase("comm"):
-            sync()
 
     def _loop(self, metrics: MetricsLogger) -> None:
         cfg = self.cfg
@@ -145,8 +171,14 @@ class Trainer:
                 microbatches = [next(self.parts.data) for _ in range(cfg.optim.grad_accum)]
             for name, seconds in self.parts.data.timings().items():
                 timer.add(name, seconds)
+            started = time.perf_counter() if self.first_step_s is None else None
             try:
                 loss, grad_norm = self._step(microbatches, timer)
+                if started is not None:  # compilation and graph capture happen in the first step
+                    self._await_update()
+                    if self.env.device.type == "cuda":
+                        torch.cuda.synchronize(self.env.device)
+                    self.first_step_s = time.perf_counter() - started
             except torch.cuda.OutOfMemoryError as err:
                 raise BatchTooLargeError(
                     step + 1, cfg.data.batch_size, cfg.optim.grad_accum, str(self.env.device), str(err)
@@ -156,6 +188,8 @@ class Trainer:
             self.step = step + 1
             self.samples_seen += self.global_batch
             pending.append(_Pending(self.step, loss, grad_norm, lr, ids, timer.end_step(), tags))
+            if self.step_callback is not None:
+                self.step_callback()
             save_now = self._save_due()
             flush = self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now
             stop = self.checks.poll(flush, self.parts.data.state_dict(), self.samples_seen)
@@ -171,10 +205,21 @@ class Trainer:
         # Gradients are zeroed by the step runner at its start; the sync runs inside it (timed as comm).
         with timer.phase("compute"):
             loss = self.run_step(microbatches)
-        with timer.phase("optimizer"):
+        if self.updates is None:
+            with timer.phase("optimizer"):
+                grad_norm = self.comm.clip_grad_norm(self.cfg.optim.grad_clip)
+                self.comm.optimizer.step()
+            return loss, grad_norm
+        # On the side stream: it overlaps the next step's frozen forward (timed there, not in the step).
+        with self.updates.side(), timer.phase("optimizer_overlapped"):
             grad_norm = self.comm.clip_grad_norm(self.cfg.optim.grad_clip)
             self.comm.optimizer.step()
         return loss, grad_norm
+
+    def _await_update(self) -> None:
+        """Before reading parameters or what the update produced (grad norms) outside the step."""
+        if self.updates is not None:
+            self.updates.wait()
 
     def _save_due(self) -> bool:
         every = self.cfg.checkpoint.every
@@ -184,6 +229,7 @@ class Trainer:
     # ------------------------------------------------------------------------------- flush and check
     def _flush(self, pending: list[_Pending]) -> list[StepRecord]:
         """One host sync for a window of steps: global losses, non-finite check, records."""
+        self._await_update()
         local = torch.stack([p.loss for p in pending]).float()
         global_loss = self.env.all_reduce_mean(local.clone()).cpu().tolist()
         local = local.cpu().tolist()
@@ -203,6 +249,7 @@ class Trainer:
     # ---------------------------------------------------------------------------------- checkpoints
     def save(self) -> Path:
         """Write a checkpoint of the current step (every rank must call this)."""
+        self._await_update()
         check_weights_finite(self.parts.model, self.step)
         trainer_state = {
             "step": self.step,
@@ -241,8 +288,26 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------------------------- report
+    def run_facts(self) -> dict[str, Any]:
+        """What a report states beside the summary: MFU's peak, start-up, memory, graphs, compiled blocks."""
+        cuda = self.env.device.type == "cuda"
+        report = self.graphed_step.report
+        return {
+            "peak_tflops": self.peak_tflops,
+            "first_step_s": self.first_step_s,
+            "capture_s": report.capture_seconds,
+            "graph_backend": report.backend,
+            "compiled_blocks": self.compiled_blocks,
+            "peak_memory_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if cuda else None,
+        }
+
     def _write_report(self, summary: RunSummary) -> None:
-        report = {**summary.as_dict(), "world_size": self.env.world_size, "global_batch": self.global_batch}
+        report = {
+            **summary.as_dict(),
+            "world_size": self.env.world_size,
+            "global_batch": self.global_batch,
+            **self.run_facts(),
+        }
         (self.out_dir / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
         if self.cfg.logging.plots:
             from ._plots import write_plots

@@ -11,12 +11,14 @@ from ._padding import bucket_size, masked_mean, pad_batch, pad_dim, pad_sequence
 from ._random import RandomDraws, RandomSpec
 from ._static import StaticInputs
 from ._step import GraphedStep, GraphReport
+from ._sync import GradSync
 
 __all__ = [
     "Finding",
     "GraphCaptureError",
     "GraphConfig",
     "GraphReport",
+    "GradSync",
     "GraphedStep",
     "RandomDraws",
     "RandomSpec",

@@ -75,6 +75,15 @@ _DYNAMIC_OPS = {
 }
 
 
+def eager_stance() -> contextlib.AbstractContextManager:
+    """Run torch.compile'd callables as their original Python code (torch >= 2.6; elsewhere a no-op).
+
+    The check traces ops with Python modes; compiled code would hide its ops from them and be recompiled for
+    the modes. Its eager code issues the same kinds of ops (more, if anything), so it is what gets checked."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class Finding:
     """One reason a step cannot be captured: what happened, where, and what to do instead."""

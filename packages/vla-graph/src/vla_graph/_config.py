@@ -7,7 +7,6 @@ from dataclasses import dataclass
 MODES = ("eager", "full_iteration", "per_microbatch")
 SHAPE_POLICIES = ("error", "recapture")
 FALLBACKS = ("error", "eager")
-GRAD_OWNERSHIP = ("owned", "external")
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 
 
@@ -26,16 +25,17 @@ class GraphConfig:
     """How `GraphedStep` runs one training iteration (a list of microbatches)."""
 
     mode: str = "per_microbatch"
-    """"eager" (no graphs: the reference and debugging path), "full_iteration" (every microbatch and the
-    gradient sync captured as one graph) or "per_microbatch" (one forward+backward graph per microbatch
-    position, replayed in order; gradient sync runs eagerly after the last one)."""
+    """"eager" (no graphs: the reference and debugging path), "full_iteration" (every microbatch of the
+    iteration captured as one graph) or "per_microbatch" (one forward+backward graph per microbatch
+    position, replayed in order). Where the gradient sync runs: `sync_in_graph`."""
 
-    sync_in_graph: bool = False
-    """per_microbatch only: capture the gradient sync (`start_grad_sync` then `finish_grad_sync`) at the end of
-    the last microbatch's graph instead of running it eagerly after the replays, so collectives that
-    gradient hooks launch during that backward overlap with it at replay (e.g. vla_overlap's
-    `launch_in_backward()`). Every rank must capture the same collectives (NCCL allows them in graphs).
-    full_iteration always captures the sync."""
+    sync_in_graph: bool = True
+    """With a `grad_sync` object, in graph modes: capture the gradient sync in the graphs (per_microbatch: at
+    the end of the last microbatch's graph; full_iteration: at the end of the one graph), the last backward
+    running under `grad_sync.launch_in_backward()` so the collectives its hooks launch overlap with it at
+    replay; `mark_synced()` follows each replay. Every rank must capture the same collectives (NCCL allows
+    them in graphs). False: the last backward only accumulates and `start()`/`finish()` run eagerly after
+    the replays (no overlap). Without a grad_sync object nothing is synchronized."""
 
     warmup_iters: int = 3
     """Eager iterations on the capture stream before capturing (cuBLAS handles, autotuning, lazy init).
@@ -56,12 +56,6 @@ class GraphConfig:
     """When a step cannot be captured: "error" raises GraphCaptureError; "eager" logs why and runs that
     batch signature eagerly from then on (GraphedStep.report records it)."""
 
-    grads: str = "owned"
-    """"owned": vla_graph gives every trainable parameter a `.grad` buffer it allocates outside the graph
-    memory pool; backward accumulates into it in place and each call zeroes it first. "external": the
-    caller's code (e.g. a gradient-bucketing wrapper's hooks) moves gradients into its own buffers and
-    leaves `.grad` None; pass `zero_grad=` to GraphedStep to clear those buffers."""
-
     capture_error_mode: str = "thread_local"
     """cudaStreamCaptureMode: "thread_local" lets other threads (data loading, copy streams) use CUDA
     during capture; "global" forbids it; "relaxed" disables the checks."""
@@ -76,5 +70,4 @@ class GraphConfig:
         _check_choice("on_shape_change", self.on_shape_change, SHAPE_POLICIES)
         _check_int("max_captures", self.max_captures, 1)
         _check_choice("fallback", self.fallback, FALLBACKS)
-        _check_choice("grads", self.grads, GRAD_OWNERSHIP)
         _check_choice("capture_error_mode", self.capture_error_mode, CAPTURE_ERROR_MODES)

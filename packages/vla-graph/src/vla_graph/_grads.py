@@ -2,13 +2,14 @@
 
 A captured backward writes gradients where it wrote them at capture. If `.grad` was None then, autograd
 adopts a graph-owned buffer as `.grad` and the next replay overwrites it: accumulation across
-microbatches silently breaks. So in "owned" mode every trainable parameter gets a `.grad` allocated here,
-outside the graph pool, before anything runs; backward then accumulates into it in place, and that in-place
-add is what the graph records."""
+microbatches silently breaks. So without a gradient-sync object every trainable parameter gets a `.grad`
+allocated here, outside the graph pool, before anything runs; backward then accumulates into it in place, and
+that in-place add is what the graph records. With a sync object, its buffers hold the gradients and the
+check after capture makes sure no `.grad` was left pointing at new (graph) memory."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -30,11 +31,10 @@ def _named(params: Iterable[Any]) -> list[tuple[str, torch.Tensor]]:
 
 
 class ParamSet:
-    """The parameters a step trains, their owned gradient buffers and the addresses a graph baked in."""
+    """The parameters a step trains, their gradient buffers (owned here, or by a sync object) and the
+    addresses a graph baked in."""
 
-    def __init__(
-        self, params: Iterable[Any], grads: str, zero_grad: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, params: Iterable[Any], grad_sync: Any = None) -> None:
         self.named = _named(params)
         if not self.named:
             raise ValueError("params is empty; pass the parameters the step trains (model.parameters())")
@@ -43,19 +43,15 @@ class ParamSet:
         for name, p in self.named:
             if p.device != self.device:
                 raise ValueError(f"{name} is on {p.device} but the first parameter is on {self.device}")
-        if grads == "external" and zero_grad is None:
-            raise ValueError(
-                "GraphConfig(grads='external') needs GraphedStep(zero_grad=...): warmup runs the step "
-                "several times, and only the caller can clear its own gradient buffers"
-            )
-        self.mode = grads
-        self._zero_grad = zero_grad
+        self.owns_grads = grad_sync is None
+        self._sync = grad_sync
         self.owned: list[torch.Tensor] = []
         self._addresses: list[int] | None = None
+        self._warm_grads: list[torch.Tensor | None] = []
 
     def prepare(self) -> None:
         """Attach the owned `.grad` buffers (creating them on first use; re-attaching after set_to_none)."""
-        if self.mode != "owned":
+        if not self.owns_grads:
             return
         if not self.owned:
             for _, p in self.trainable:
@@ -78,11 +74,11 @@ class ParamSet:
 
     def zero(self) -> None:
         """Clear the gradients before an iteration (and after warmup)."""
-        if self.mode == "owned":
-            if self.owned:
-                torch._foreach_zero_(self.owned)
-        elif self._zero_grad is not None:
-            self._zero_grad()
+        if self.owns_grads:
+            self.prepare()  # every iteration starts with the buffers attached (hooks may have dropped them)
+            torch._foreach_zero_(self.owned)
+        else:
+            self._sync.zero()
 
     def remember_addresses(self) -> None:
         """Record where every parameter lives; graphs bake these addresses in."""
@@ -103,25 +99,31 @@ class ParamSet:
                     "(optimizers and load_state_dict do), or call GraphedStep.reset() to capture again"
                 )
 
+    def remember_warm_grads(self) -> None:
+        """Each `.grad` after the last warmup iteration, which ran what the graphs will hold (kept referenced
+        until the check, so no new tensor can take its address)."""
+        self._warm_grads = [p.grad for _, p in self.trainable]
+
     def check_after_capture(self) -> None:
         """Make sure no `.grad` is graph-owned memory after a capture."""
-        if self.mode == "owned":
+        if self.owns_grads:
             for (name, p), grad in zip(self.trainable, self.owned):
                 if p.grad is None or p.grad.data_ptr() != grad.data_ptr():
                     raise RuntimeError(
                         f"{name}.grad is no longer the buffer vla_graph attached after capturing the step "
                         "(a gradient hook replaced or removed it), so graph-owned memory would be exposed. "
-                        "If your code moves gradients into its own buffers, use GraphConfig(grads='external') "
-                        "with GraphedStep(zero_grad=...)"
+                        "If your code moves gradients into its own buffers, pass its GradSync object as "
+                        "GraphedStep(grad_sync=...)"
                     )
             return
-        for name, p in self.trainable:
-            main_grad = getattr(p, "main_grad", None)  # a wrapper's own buffer, exposed as .grad by its sync
-            if p.grad is not None and not (
-                main_grad is not None and p.grad.data_ptr() == main_grad.data_ptr()
-            ):
+        # The same iteration ran eagerly just before capture: a .grad the sync object exposes (its own
+        # buffer) is where it was then; a .grad autograd allocated inside the capture is new graph memory.
+        warm_grads, self._warm_grads = self._warm_grads, []
+        for (name, p), warm in zip(self.trainable, warm_grads):
+            if p.grad is not None and (warm is None or p.grad.data_ptr() != warm.data_ptr()):
                 raise RuntimeError(
-                    f"{name}.grad was set during capture with GraphConfig(grads='external'): that tensor lives "
-                    "in the graph's memory pool and the next replay overwrites it. Make your gradient hooks "
-                    "move the gradient into your own buffer and set .grad to None, or use grads='owned'"
+                    f"{name}.grad was set to new memory during capture: that tensor lives in the graph's "
+                    "memory pool and the next replay overwrites it. The grad_sync object's hooks must move "
+                    "each gradient into its own buffer (and set .grad to None or to that buffer); or pass "
+                    "grad_sync=None to let vla_graph own .grad"
                 )

@@ -7,12 +7,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ._check import Checker, Finding
+from ._check import Checker, Finding, eager_stance
 from ._config import GraphConfig
 from ._device import CaptureFailed, backend_for
 from ._errors import GraphCaptureError, ShapeChangeError
@@ -20,6 +21,7 @@ from ._explain import explain_capture_failure
 from ._grads import ParamSet
 from ._random import restore_rng, snapshot_rng, unique_generators
 from ._static import StaticInputs
+from ._sync import GradSync, check_grad_sync
 from ._tree import clone, describe_difference, detach, flatten, map_tree, signature
 
 logger = logging.getLogger("vla_graph")
@@ -65,14 +67,17 @@ class GraphedStep:
 
     `step_fn(batch)` receives one microbatch (a dict; random draws merged in), calls backward itself and
     returns its outputs (a tensor or a dict/list of tensors, e.g. the loss). Calling the GraphedStep with
-    the iteration's microbatches zeroes the gradients, runs every microbatch, runs the gradient sync
-    (`start_grad_sync()` then `finish_grad_sync()`) after the last backward, and returns each
-    microbatch's outputs, detached and never aliasing graph memory. The optimizer step stays with the
-    caller, after the call.
+    the iteration's microbatches zeroes the gradients, runs every microbatch, synchronizes the gradients
+    and returns each microbatch's outputs, detached and never aliasing graph memory. The optimizer step
+    stays with the caller, after the call.
 
-    When the sync is part of a graph (full_iteration, or per_microbatch with `sync_in_graph`), its Python side
-    runs only at capture; `after_replayed_sync()` is called after every replay so the caller can record that
-    the gradients are reduced (e.g. vla_overlap's `mark_grads_synced`)."""
+    Gradients: with `grad_sync=None` vla_graph gives every trainable parameter a `.grad` buffer of its own
+    (outside the graph pool) and zeroes it before each iteration. With a `grad_sync` object (the `GradSync`
+    protocol, e.g. vla_overlap's `OverlapDataParallel.grad_sync`) the object owns the buffers, and the
+    GraphedStep drives it (module docstring of `_sync`, README table): zero(); no_sync() around every
+    microbatch but the last; the last one plain (eager: its hooks may overlap the reduction) or under
+    launch_in_backward() when the sync is captured with it; start(), finish(); mark_synced() after a replay
+    whose graph ran them."""
 
     def __init__(
         self,
@@ -82,21 +87,18 @@ class GraphedStep:
         config: GraphConfig | None = None,
         draw: DrawFn | None = None,
         generators: Sequence[torch.Generator] = (),
-        start_grad_sync: Callable[[], None] | None = None,
-        finish_grad_sync: Callable[[], None] | None = None,
-        zero_grad: Callable[[], None] | None = None,
-        after_replayed_sync: Callable[[], None] | None = None,
+        grad_sync: GradSync | None = None,
     ) -> None:
         self.config = config if config is not None else GraphConfig()
         if not callable(step_fn):
             raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
+        if grad_sync is not None:
+            check_grad_sync(grad_sync)
         self._step_fn = step_fn
         self._draw = draw
         self._generators = unique_generators(generators)
-        self._start_sync = start_grad_sync
-        self._finish_sync = finish_grad_sync
-        self._after_replayed_sync = after_replayed_sync
-        self._params = ParamSet(params, self.config.grads, zero_grad)
+        self._grad_sync = grad_sync
+        self._params = ParamSet(params, grad_sync)
         self.device = self._params.device
         graphed = self.config.mode != "eager"
         self._backend = backend_for(self.device, self.config.capture_error_mode) if graphed else None
@@ -150,8 +152,9 @@ class GraphedStep:
             merged.append({**batch, **draws})
         return merged
 
-    def _run_step(self, batch: dict[str, Any]) -> Any:
-        out = self._step_fn(batch)
+    def _run_step(self, batch: dict[str, Any], context: AbstractContextManager | None = None) -> Any:
+        with context if context is not None else contextlib.nullcontext():
+            out = self._step_fn(batch)
         for path, leaf in flatten(out, "step output"):
             if leaf is not None and not isinstance(leaf, torch.Tensor):
                 raise TypeError(
@@ -160,19 +163,32 @@ class GraphedStep:
                 )
         return detach(out)
 
-    def _sync(self) -> None:
-        if self._start_sync is not None:
-            self._start_sync()
-        if self._finish_sync is not None:
-            self._finish_sync()
-
     @property
     def _sync_captured(self) -> bool:
-        return self.config.mode == "full_iteration" or self.config.sync_in_graph
+        """Whether the graphs hold the gradient sync (else it runs eagerly after the replay)."""
+        return self._grad_sync is not None and self.config.mode != "eager" and self.config.sync_in_graph
 
-    def _step_then_sync(self, batch: dict[str, Any]) -> Any:
-        """The last microbatch of per_microbatch with sync_in_graph: its step and the sync, one graph."""
-        out = self._run_step(batch)
+    def _context(self, index: int, count: int) -> AbstractContextManager | None:
+        """What the backward of microbatch `index` of `count` runs under (see the class docstring)."""
+        sync = self._grad_sync
+        if sync is None:
+            return None
+        if index < count - 1:
+            return sync.no_sync()
+        if self._backend is None:
+            return None  # eager: the object's own hooks may reduce while this backward runs
+        # Hooks never run at replay: either they launch at capture, inside the graph with the wait, or
+        # the last backward only accumulates and the sync runs eagerly after the replay.
+        return sync.launch_in_backward() if self._sync_captured else sync.no_sync()
+
+    def _sync(self) -> None:
+        if self._grad_sync is not None:
+            self._grad_sync.start()
+            self._grad_sync.finish()
+
+    def _step_then_sync(self, batch: dict[str, Any], context: AbstractContextManager | None) -> Any:
+        """The last microbatch of per_microbatch with the sync captured: its step and the sync, one graph."""
+        out = self._run_step(batch, context)
         self._sync()
         return out
 
@@ -182,7 +198,7 @@ class GraphedStep:
         outputs = []
         for index, batch in enumerate(batches):
             with checker.watching((tag, index)) if checker else contextlib.nullcontext():
-                outputs.append(self._run_step(batch))
+                outputs.append(self._run_step(batch, self._context(index, len(batches))))
         if sync:
             with checker.watching((tag, "sync")) if checker else contextlib.nullcontext():
                 self._sync()
@@ -212,8 +228,8 @@ class GraphedStep:
                 outputs.append(clone(static_out))
         if not self._sync_captured:
             self._sync()  # autograd hooks do not fire during replay: the sync is driven from here
-        elif self._after_replayed_sync is not None:
-            self._after_replayed_sync()
+        elif self._grad_sync is not None:
+            self._grad_sync.mark_synced()
         self.report.replays += 1
         return outputs
 
@@ -257,24 +273,32 @@ class GraphedStep:
         backend, config = self._backend, self.config
         full = config.mode == "full_iteration"
         synced = self._sync_captured  # warmup runs the sync where the graphs will hold it
+        count = len(inputs)
         trees = [static.tree for static in captured.inputs]
         rng = snapshot_rng([backend.default_generator(), *self._generators])
         checker = Checker(self._generators) if config.check else None
-        warmup = config.warmup_iters
+        # With the check on, the two iterations before the last are traced, with torch.compile'd code run
+        # as its eager code (dispatch modes cannot see inside compiled kernels, and tracing under them would
+        # recompile); the last warmup iteration always runs exactly as the capture will.
+        warmup = max(config.warmup_iters, 3) if checker is not None else config.warmup_iters
+        checked = (warmup - 3, warmup - 2)
         try:
             with backend.on_capture_stream():
                 for iteration in range(warmup):
                     self._fill(captured, inputs)
                     self._params.zero()
-                    watched = checker if iteration >= warmup - 2 else None
-                    self._iteration(trees, sync=synced, checker=watched, tag=iteration)
+                    if checker is not None and iteration in checked:
+                        with eager_stance():
+                            self._iteration(trees, sync=synced, checker=checker, tag=iteration)
+                    else:
+                        self._iteration(trees, sync=synced)
+                self._params.remember_warm_grads()
         finally:
             # Warmup consumed random numbers that an eager run would not: undo it.
             restore_rng(rng)
         if checker is not None:
             regions = [*range(len(trees)), "sync"] if synced else range(len(trees))
-            pairs = [((warmup - 2, r), (warmup - 1, r)) for r in regions] if warmup >= 2 else []
-            findings = checker.findings(compare=pairs)
+            findings = checker.findings(compare=[((checked[0], r), (checked[1], r)) for r in regions])
             if findings:
                 raise _GiveUp(_findings_message(self.config.mode, findings), findings)
         self._fill(captured, inputs)
@@ -282,14 +306,19 @@ class GraphedStep:
         what = "the full iteration" if full else "microbatch {}"
         try:
             if full:
-                graph, outputs = backend.capture(lambda: self._iteration(trees, sync=True), self._generators)
+                graph, outputs = backend.capture(
+                    lambda: self._iteration(trees, sync=synced), self._generators
+                )
                 captured.graphs, captured.outputs = [graph], [outputs]
             else:
                 for index, tree in enumerate(trees):
-                    holds_sync = synced and index == len(trees) - 1
+                    holds_sync = synced and index == count - 1
                     what = f"microbatch {index}" + (" and the gradient sync" if holds_sync else "")
                     run = self._step_then_sync if holds_sync else self._run_step
-                    graph, outputs = backend.capture(lambda tree=tree, run=run: run(tree), self._generators)
+                    graph, outputs = backend.capture(
+                        lambda tree=tree, run=run, i=index: run(tree, self._context(i, count)),
+                        self._generators,
+                    )
                     captured.graphs.append(graph)
                     captured.outputs.append(outputs)
         except CaptureFailed as failure:

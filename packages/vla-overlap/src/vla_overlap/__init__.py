@@ -1,7 +1,9 @@
 """vla-overlap: data parallelism that hides gradient and parameter communication behind compute.
 
 `OverlapDataParallel` reduces gradients bucket by bucket during backward; `DistributedAdamW` adds ZeRO-1
-(sharded fp32 master weights and AdamW state, reduce-scatter, parameter all-gather prefetched in forward).
+(sharded fp32 master weights and AdamW state, reduce-scatter, parameter all-gather prefetched in forward);
+`GradSync` is the one object a step runner drives to synchronize gradients; `UpdateStream` runs the optimizer
+step on a side stream while the next step's work that reads no trainable parameter runs.
 """
 
 from .__about__ import __version__
@@ -9,14 +11,19 @@ from ._build import COMM_MODES, build_data_parallel, clip_grad_norm_
 from ._config import OverlapConfig
 from ._layout import Layout, plan_layout
 from ._optimizer import DistributedAdamW
+from ._sync import GradSync, OverlapGradSync
+from ._update_stream import UpdateStream
 from ._wrapper import OverlapDataParallel
 
 __all__ = [
     "COMM_MODES",
     "DistributedAdamW",
+    "GradSync",
     "Layout",
     "OverlapConfig",
     "OverlapDataParallel",
+    "OverlapGradSync",
+    "UpdateStream",
     "__version__",
     "build_data_parallel",
     "clip_grad_norm_",

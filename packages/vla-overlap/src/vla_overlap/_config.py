@@ -38,6 +38,12 @@ class OverlapConfig:
     grad_reduce_dtype: torch.dtype | None = torch.float32
     """dtype of the gradient buffers (accumulation and reduction). None = each parameter's own dtype."""
 
+    overwrite_first_grad: bool = True
+    """Each step's first gradient of a parameter is copied into its buffer and later ones added, so the
+    buffers need no zeroing pass (and a bf16 gradient lands in an fp32 buffer by a fast cast instead of a
+    mixed-dtype add). Parameters that got no gradient are zeroed before the reduction. False zeroes every
+    buffer at the start of a step (for code that adds into `param.main_grad` itself)."""
+
     allow_unused_params: bool = False
     """False: a trainable parameter that gets no gradient during a step (while others do) raises an
     error naming it, because it usually means it should have been frozen. True: such parameters
@@ -58,6 +64,7 @@ class OverlapConfig:
         for name in (
             "overlap_grad_reduce",
             "overlap_param_gather",
+            "overwrite_first_grad",
             "allow_unused_params",
             "sync_module_states",
         ):

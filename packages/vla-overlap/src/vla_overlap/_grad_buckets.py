@@ -98,11 +98,13 @@ class GradBuckets:
                 self._handles[bucket] = None
         self.stream.join()
 
-    def reset(self) -> None:
-        """Zero the buffers for a new step (after waiting for anything still in flight)."""
+    def reset(self, zero: bool = True) -> None:
+        """Start a new step (after waiting for anything still in flight): zero the buffers, or with
+        `zero=False` leave them to be overwritten by each parameter's first gradient."""
         self.wait_all()
-        for data in self.data:
-            data.zero_()
+        if zero:
+            for data in self.data:
+                data.zero_()
         self._missing = [len(b.slots) for b in self.layout.buckets]
         self._ready = [False] * len(self.layout.slots)
         self._next = 0

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._flat_adamw import FlatAdamW, flat_supported
 from ._state import gather_state_dict, scatter_state_dict
 from ._wrapper import OverlapDataParallel
 
@@ -24,6 +25,9 @@ class DistributedAdamW(torch.optim.Optimizer):
 
     ``param_groups`` are the inner AdamW's groups (over shard pieces), so LR schedulers work as usual.
     fp32 parameters are their own master copy (their shard of the parameter buffer is stepped in place).
+    ``flat="auto"`` (with the default kernel choice, on CUDA with Triton) steps each bucket's shard in one
+    pass that also applies the clipping and writes the bf16 copy (FlatAdamW); "torch" runs that arithmetic
+    in torch ops, None keeps torch's AdamW.
     """
 
     def __init__(
@@ -38,7 +42,10 @@ class DistributedAdamW(torch.optim.Optimizer):
         amsgrad: bool = False,
         fused: bool | None = None,
         foreach: bool | None = None,
+        flat: str | None = "auto",
     ) -> None:
+        if flat not in ("auto", "triton", "torch", None):
+            raise ValueError(f"flat must be 'auto', 'triton', 'torch' or None, got {flat!r}")
         if not isinstance(model, OverlapDataParallel):
             raise TypeError(
                 f"DistributedAdamW needs an OverlapDataParallel model, got {type(model).__name__}"
@@ -70,7 +77,13 @@ class DistributedAdamW(torch.optim.Optimizer):
                 master.grad = self._grad_shards[bucket][window]
                 piece_groups[group_of[piece.slot]]["params"].append(master)
                 self.pieces.append((bucket, piece, master))
-        if fused is None and foreach is None and model._device.type == "cuda":
+        # Norms are summed in parameter order, whatever buckets and dtype buffers the pieces sit in, so the
+        # clipping coefficient does not depend on the layout (e.g. bf16 vs fp32 parameter buffers).
+        self._norm_order = sorted(
+            range(len(self.pieces)), key=lambda i: (self.pieces[i][1].slot, self.pieces[i][1].param_start)
+        )
+        default_kernel = fused is None and foreach is None
+        if default_kernel and model._device.type == "cuda":
             fused = True
         self.inner = torch.optim.AdamW(
             piece_groups,
@@ -88,6 +101,20 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._share_inner_groups()
         self._grads_ready = False
         self._masters_stale = False
+        self._clip_coef: torch.Tensor | None = None
+        self.flat = self._make_flat(flat if (flat != "auto" or default_kernel) else None)
+
+    def _make_flat(self, flat: str | None) -> FlatAdamW | None:
+        """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""
+        if flat is None:
+            return None
+        kernel = "triton" if flat == "auto" else flat
+        why_not = flat_supported(self, kernel)
+        if why_not is None:
+            return FlatAdamW(self, kernel)
+        if flat != "auto":
+            raise ValueError(f"DistributedAdamW(flat={flat!r}) cannot run: {why_not}")
+        return None
 
     def _share_inner_groups(self) -> None:
         # One set of groups and state, the inner AdamW's: schedulers and inspection see the real thing.
@@ -145,14 +172,21 @@ class DistributedAdamW(torch.optim.Optimizer):
         else:
             local = torch.zeros((), dtype=torch.float32, device=device)
             if grads:
+                ordered = [grads[i] for i in self._norm_order]
                 local = torch.linalg.vector_norm(
-                    torch.stack(torch._foreach_norm(grads, norm_type)), norm_type
+                    torch.stack(torch._foreach_norm(ordered, norm_type)), norm_type
                 )
             powered = local**norm_type
             self._comm.all_reduce_now(powered)
             total = powered ** (1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if grads:
+        if self.flat is not None:
+            self._clip_coef = coef  # applied as the step reads each gradient
+        elif self.inner.defaults.get("fused"):
+            # The fused kernel divides each gradient by grad_scale as it reads it: clipping costs no pass over
+            # the gradients (GradScaler's hook; cleared after the step).
+            self.inner.grad_scale = 1.0 / coef
+        elif grads:
             torch._foreach_mul_(grads, coef)
         return total
 
@@ -164,8 +198,15 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._model.finish_param_sync()  # no gather may still be writing into the parameter buffer
         self._refresh_masters()
         self._prepare_grads()
-        self.inner.step()
-        self._write_back()
+        if self.flat is not None:
+            coef, self._clip_coef = self._clip_coef, None
+            self.flat.step(coef)  # writes the bf16 parameter copy in the same pass
+        else:
+            try:
+                self.inner.step()
+            finally:
+                self.inner.grad_scale = None
+            self._write_back()
         self._grads_ready = False
         self._model._start_param_gather()
 
@@ -181,6 +222,8 @@ class DistributedAdamW(torch.optim.Optimizer):
         gets the same result, on CPU). Loadable at any world size and bucket size."""
         self._model.finish_param_sync()
         self._refresh_masters()
+        if self.flat is not None:
+            self.flat.write_steps()
         return gather_state_dict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -190,6 +233,8 @@ class DistributedAdamW(torch.optim.Optimizer):
         scatter_state_dict(self, state_dict)
         self._masters_stale = False  # the saved masters are exact; they win over bf16 parameters
         self._share_inner_groups()  # the inner load_state_dict replaced its group list
+        if self.flat is not None:
+            self.flat.relink()  # loaded moments into the flat buffers, and the step counts
         self._write_back()
         self._model._start_param_gather()
         self._model.finish_param_sync()

@@ -16,6 +16,7 @@ from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
+from ._sync import OverlapGradSync
 
 _BROADCAST_CHUNK_BYTES = 256 * 2**20
 
@@ -92,6 +93,8 @@ class OverlapDataParallel(nn.Module):
         self._handles = [
             p.register_post_accumulate_grad_hook(self._make_grad_hook(i)) for i, p in enumerate(self._params)
         ]
+        self.grad_sync = OverlapGradSync(self)
+        """This wrapper's gradient sync as one `GradSync` object, for step runners (e.g. vla_graph.GraphedStep)."""
 
     # ----------------------------------------------------------------------------------------- public API
     @property
@@ -147,7 +150,7 @@ class OverlapDataParallel(nn.Module):
 
     def zero_grad_buffer(self) -> None:
         """Start a new step: zero the gradient buffers and forget which gradients arrived."""
-        self._grads.reset()
+        self._grads.reset(zero=not self.config.overwrite_first_grad)
         self._seen = [False] * len(self._params)
         self._hooks_fired = False
         self._callback_queued = False
@@ -168,6 +171,7 @@ class OverlapDataParallel(nn.Module):
         if self._phase is not _Phase.ACCUMULATING:
             return
         self._fold_param_grads()
+        self._zero_unseen()  # a bucket holding one is not complete, so not launched yet
         self._grads.launch_all()
         self._phase = _Phase.LAUNCHED
         # Checked after launching, so that the other ranks' collectives still complete if this one raises.
@@ -225,9 +229,8 @@ class OverlapDataParallel(nn.Module):
                 f"a second gradient for {name!r} arrived after its bucket's reduction was launched "
                 "(several backward passes in the last microbatch?): run all but the last inside no_sync()."
             )
-        self._grads.main_grads[slot].add_(param.grad)
+        self._accumulate(slot, param.grad)
         param.grad = None
-        self._seen[slot] = True
         self._hooks_fired = True
         if self._last_microbatch:
             if self._finish_in_backward and not self._callback_queued:
@@ -256,9 +259,25 @@ class OverlapDataParallel(nn.Module):
                 raise RuntimeError(
                     f"{self.layout.slots[slot].name!r} has a .grad but its bucket was already reduced"
                 )
-            self._grads.main_grads[slot].add_(param.grad)
+            self._accumulate(slot, param.grad)
             param.grad = None
-            self._seen[slot] = True
+
+    def _accumulate(self, slot: int, grad: torch.Tensor) -> None:
+        """Add a gradient into its buffer; the step's first one is copied when buffers are not zeroed."""
+        target = self._grads.main_grads[slot]
+        if self._seen[slot] or not self.config.overwrite_first_grad:
+            target.add_(grad)
+        else:
+            target.copy_(grad)
+        self._seen[slot] = True
+
+    def _zero_unseen(self) -> None:
+        """Buffers not zeroed at the step's start hold the last step's values until a gradient arrives:
+        clear those of parameters that got none this step before they are reduced."""
+        if self.config.overwrite_first_grad:
+            for slot, seen in enumerate(self._seen):
+                if not seen:
+                    self._grads.main_grads[slot].zero_()
 
     def _check_every_param_got_a_gradient(self) -> None:
         missing = [self.layout.slots[i].name for i, seen in enumerate(self._seen) if not seen]

@@ -1,0 +1,270 @@
+"""The training step on a fixed batch (no data pipeline): our stack's variants, run through the trainer's
+own components, side by side with what torch gives for free, in one process.
+
+Rows (n1.6-3b, random weights, batch 16, two 252x252 cameras, bf16 autocast, TF32 on):
+  free-eager            eager forward+backward + fused AdamW (fp32 trainable weights)
+  free-reduce-overhead  torch.compile(model, mode="reduce-overhead") + fused AdamW
+  ours-*                gr00t_train.Trainer on the fixed batch: per-microbatch CUDA graphs with the gradient
+                        sync inside, per-block compiled kernels (compile), bf16 working weights with fp32 masters
+                        (bf16w), the optimizer on a side stream under the next step's frozen forward (overlap)
+Each row reports samples/s (whole optimizer steps), MFU against the datasheet peak, start-up (first step:
+compile + capture), peak memory and the loss after the measured steps. The `parity` row trains the full
+stack and eager for N steps with dropout off on identical batches and reports the largest relative loss
+difference. The `profile` row gives the GPU kernel time by family of the full stack's step.
+
+    PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/step_variants.py \\
+        --json benchmarks/results/step_variants_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROWS = {
+    "ours-graphs": [],
+    "ours-graphs-compile": ["optimizations.compile=on"],
+    "ours-graphs-compile-bf16w": [
+        "optimizations.compile=on",
+        "optimizations.comm=zero1_overlap",
+        "optimizations.bf16_weights=true",
+    ],  # fmt: skip
+    "ours-full": [
+        "optimizations.compile=on",
+        "optimizations.comm=zero1_overlap",
+        "optimizations.bf16_weights=true",
+        "optimizations.optimizer_overlap=true",
+    ],  # fmt: skip
+}
+ROWS["ours-full-high-priority"] = ROWS["ours-full"]
+PRIORITY = {"ours-full-high-priority": -1}
+FREE = ("free-eager", "free-reduce-overhead")
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default=",".join([*FREE, *ROWS, "parity", "profile"]),
+                   help="comma-separated rows, in order; `parity` and `profile` are rows too")  # fmt: skip
+    p.add_argument("--preset", default="n1.6-3b")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=30, help="measured steps per row")
+    p.add_argument("--warmup", type=int, default=5, help="steps before measuring")
+    p.add_argument("--parity", type=int, default=200, help="steps of the parity row (full stack vs eager)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (with --preset tiny)")
+    p.add_argument("--json", type=Path)
+    return p.parse_args()
+
+
+class FixedBatches:
+    """A BatchSource serving one batch forever (or `batches` in turn), already on the device."""
+
+    def __init__(self, batches: list[dict]) -> None:
+        self.batches, self.position = batches, 0
+
+    def __next__(self) -> dict:
+        batch = self.batches[self.position % len(self.batches)]
+        self.position += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+    def timings(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _config(args, name: str, sets: list[str], steps: int, out: Path):
+    import gr00t_train
+
+    base = [f"model.preset={args.preset}", f"data.batch_size={args.batch}", f"device={args.device}", "precision=bf16",
+            f"steps={steps}", f"logging.summary_skip={args.warmup}", "logging.every=10", "logging.progress=false",
+            "logging.plots=false", "logging.tensorboard=false", "checkpoint.save_final=false",
+            "optim.warmup_ratio=0", f"output_dir={out / name}", "optimizations.comm=overlap",
+            "optimizations.graph=per_microbatch", "optimizations.compile=off"]  # fmt: skip
+    return gr00t_train.load_config(overrides=[*base, *sets])
+
+
+def _parts(cfg, env, batches: list[dict]):
+    import gr00t_model
+    from gr00t_train import TrainParts, _gr00t
+
+    tokenizer = gr00t_model.load_tokenizer(None)
+    model = _gr00t.build_model(cfg, env.device, tokenizer)
+    flops, tokens = _gr00t.flops_and_tokens(model.config, 2, batches[0]["input_ids"].shape[1])
+    return TrainParts(
+        model=model, loss_fn=_gr00t.gr00t_loss, data=FixedBatches(batches), save_model=_gr00t.save_model,
+        load_model=_gr00t.load_model_in_place, flops_per_sample=flops, tokens_per_sample=tokens,
+        draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device), frozen_prefix=model.frozen_prefix,
+        compile_model=model.compile_blocks,
+    )  # fmt: skip
+
+
+def _batches(args, count: int = 1) -> list[dict]:
+    import gr00t_model
+
+    config = gr00t_model.GR00TConfig.preset(args.preset)
+    return [gr00t_model.make_dummy_batch(config, args.batch, num_images=2, device=args.device, seed=s)
+            for s in range(count)]  # fmt: skip
+
+
+def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout=True) -> dict:
+    import gr00t_train
+
+    steps = steps or args.warmup + args.steps
+    cfg = _config(args, name, sets, steps, out)
+    parts = _parts(cfg, env, batches or _batches(args))
+    if not dropout:
+        parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
+    priority = PRIORITY.get(name)
+    _cuda("reset_peak_memory_stats")
+    trainer = gr00t_train.Trainer(cfg, parts, env)
+    if priority is not None:  # measured variant: the optimizer's side stream at another priority
+        trainer.updates._stream = torch.cuda.Stream(priority=priority)
+    summary = trainer.fit()
+    row = {"row": name, "sets": sets, **summary.as_dict(), **trainer.run_facts()}
+    row["losses"] = [json.loads(x)["loss"] for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+    parts.model.uncompile_blocks()  # the compiled forwards hold their blocks: let the model go
+    del trainer, parts
+    gc.collect()
+    _cuda("synchronize")
+    _cuda("empty_cache")
+    return row
+
+
+def _cuda(name: str, default=None):
+    """torch.cuda.<name>() when CUDA is there (the CPU smoke test has none)."""
+    return getattr(torch.cuda, name)() if torch.cuda.is_available() else default
+
+
+def run_free(args, name: str) -> dict:
+    """What a user gets for free: autocast, fused AdamW, eager or torch.compile(mode="reduce-overhead")."""
+    import gr00t_model
+
+    torch.manual_seed(0)
+    config = gr00t_model.GR00TConfig.preset(args.preset)
+    with torch.device(args.device):
+        model = gr00t_model.GR00TN16(config).train()
+    batch = _batches(args)[0]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
+    forward = torch.compile(model, mode="reduce-overhead") if name == "free-reduce-overhead" else model
+    _cuda("reset_peak_memory_stats")
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = forward(batch)["loss"]
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    started = time.perf_counter()
+    step()
+    _cuda("synchronize")
+    first = time.perf_counter() - started
+    for _ in range(args.warmup):
+        step()
+    _cuda("synchronize")
+    started = time.perf_counter()
+    losses = [step() for _ in range(args.steps)]
+    _cuda("synchronize")
+    seconds = (time.perf_counter() - started) / args.steps
+    flops = gr00t_model.training_flops_per_sample(
+        config, num_images=2, vlm_tokens=batch["input_ids"].shape[1]
+    )
+    sps = args.batch / seconds
+    return {"row": name, "samples_per_s": sps, "step_time_s": seconds, "mfu": sps * flops["train"] / 989e12,
+            "first_step_s": first, "peak_memory_gib": _cuda("max_memory_allocated", 0) / 2**30,
+            "final_loss": float(torch.stack(losses[-10:]).mean())}  # fmt: skip
+
+
+def parity(args, out: Path, env) -> dict:
+    """Full stack vs eager, dropout off, the same batches and random draws: largest relative loss gap."""
+    batches = _batches(args, 4)
+    runs = {}
+    for name, extra in (("parity-eager", ["optimizations.graph=eager", "optimizations.compile=off",
+                                          "optimizations.optimizer_overlap=false"]),
+                        ("parity-full", [])):  # fmt: skip
+        row = run_ours(args, name, [*ROWS["ours-full"], *extra], out, env, batches, steps=args.parity,
+                       dropout=False)  # fmt: skip
+        runs[name] = row["losses"]
+    a, b = runs["parity-eager"], runs["parity-full"]
+    gaps = [abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)]
+    return {"steps": len(gaps), "max_rel_diff": max(gaps), "mean_rel_diff": sum(gaps) / len(gaps),
+            "eager_first_last": [a[0], a[-1]], "full_first_last": [b[0], b[-1]]}  # fmt: skip
+
+
+def main() -> None:
+    args = parse()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    import gr00t_train
+
+    out = Path("runs/step_variants")
+    env = gr00t_train.init_distributed(args.device)
+    cuda = args.device == "cuda"
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "rows": [],
+              "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    try:
+        for name in args.rows.split(","):
+            started = time.perf_counter()
+            try:
+                if name == "parity":
+                    result["parity"] = parity(args, out, env)
+                    print("parity", result["parity"], flush=True)
+                elif name.startswith("profile"):
+                    profiled = name.partition("=")[2] or "ours-full"
+                    result.setdefault("kernel_families_ms", {})[profiled] = found = profile_row(
+                        args, out, env, profiled
+                    )
+                    print(
+                        f"kernel families of {profiled} (ms per step)",
+                        json.dumps(found, indent=0),
+                        flush=True,
+                    )
+                else:
+                    row = run_free(args, name) if name in FREE else run_ours(args, name, ROWS[name], out, env)
+                    row["row_wall_s"] = time.perf_counter() - started
+                    result["rows"].append(row)
+                    print(f"{name:28s} {row['samples_per_s']:7.1f} samples/s  MFU {100 * (row['mfu'] or 0):.1f}%  "
+                          f"first step {row['first_step_s']:.1f} s  peak {row['peak_memory_gib'] or 0:.1f} GiB  "
+                          f"breakdown {row.get('breakdown_s')} opt-side {row.get('optimizer_overlapped_s')}",
+                          flush=True)  # fmt: skip
+            except Exception:  # one broken variant must not hide the others' numbers
+                traceback.print_exc()
+                result.setdefault("errors", {})[name] = traceback.format_exc(limit=3)
+            if args.json:
+                args.json.write_text(json.dumps(result, indent=1))
+    finally:
+        gr00t_train.shutdown_distributed(env)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+def profile_row(args, out: Path, env, row: str, active: int = 3) -> dict:
+    """Kernel time by family (and the top kernels) over `active` steps of a row, after its warmup steps."""
+    import gr00t_train
+    from gr00t_train._profile import profile_steps
+
+    cfg = _config(args, "profiled", ROWS[row], args.warmup + 3 + active, out)
+    trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)
+    found = profile_steps(trainer, skip=args.warmup + 3, active=active)
+    trainer.parts.model.uncompile_blocks()
+    del trainer
+    gc.collect()
+    _cuda("empty_cache")
+    return found
+
+
+if __name__ == "__main__":
+    main()

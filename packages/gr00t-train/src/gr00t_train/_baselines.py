@@ -1,0 +1,158 @@
+"""What the ablation ladder's baseline rows run and no library needs: torch DDP behind the GradSync protocol,
+and the LeRobot-style data path (a torch DataLoader over single samples)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+
+
+class DDPGradSync:
+    """torch DistributedDataParallel as a GradSync: DDP reduces from its own hooks during the last backward,
+    so start/finish have nothing left to do. Eager only (the config refuses graphs with comm=ddp)."""
+
+    def __init__(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        self._ddp = ddp
+
+    def zero(self) -> None:
+        self._ddp.zero_grad(set_to_none=True)
+
+    def no_sync(self) -> AbstractContextManager:
+        return self._ddp.no_sync()
+
+    def launch_in_backward(self) -> AbstractContextManager:
+        raise RuntimeError("torch DDP cannot run inside CUDA graphs (comm=ddp needs graph=eager)")
+
+    def start(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def mark_synced(self) -> None:
+        pass
+
+
+class LeRobotStyleSource:
+    """The baseline's data path, as LeRobot-style training runs it: a torch DataLoader with worker processes
+    and pinned memory over single samples of the dataset (each sample decodes its own frames, a decoder
+    opened for it), the GR00T processor in the workers (CPU crop, resize and color jitter included), and the
+    training thread copying each batch to the device. A BatchSource; resumable by sample position."""
+
+    def __init__(self, cfg, data, processor, env, check_first=None) -> None:
+        import vla_io
+
+        root, fps = data.root, float(data.dataset.meta.fps)
+        samples = vla_io.LeRobotDataset(
+            root,
+            delta_timestamps={"action": [i / fps for i in range(data.horizon)]},
+            video_keys=data.camera_keys,
+            image_dtype="uint8",
+            max_open_videos=1,  # no decoder kept between samples: one open and one seek per frame
+            progress=False,
+        )
+        self._dataset = _Samples(samples)
+        self._collate = _Collate(data, processor)
+        self._cfg, self._env, self._check_first = cfg, env, check_first
+        self._epoch, self._position, self._iter = 0, 0, None
+
+    def _loader(self, skip: int):
+        import torch.utils.data as tud
+
+        sampler = tud.distributed.DistributedSampler(
+            self._dataset, num_replicas=self._env.world_size, rank=self._env.rank,
+            shuffle=self._cfg.data.shuffle, seed=self._cfg.seed, drop_last=True,
+        )  # fmt: skip
+        sampler.set_epoch(self._epoch)
+        batch = self._cfg.data.batch_size
+        indices = list(sampler)[skip * batch :]
+        workers = self._cfg.data.num_workers
+        return iter(tud.DataLoader(
+            _Subset(self._dataset, indices), batch_size=batch, num_workers=workers,
+            pin_memory=self._env.device.type == "cuda", collate_fn=self._collate, drop_last=True,
+            prefetch_factor=2 if workers else None,
+        ))  # fmt: skip
+
+    def __next__(self) -> dict:
+        while True:
+            if self._iter is None:
+                self._iter = self._loader(self._position)
+            try:
+                batch = next(self._iter)
+                break
+            except StopIteration:
+                self._iter, self._epoch, self._position = None, self._epoch + 1, 0
+        self._position += 1
+        device = self._env.device
+        batch = {
+            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+        }
+        if self._check_first is not None:
+            check, self._check_first = self._check_first, None
+            check(batch)
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._epoch, self._position, self._iter = int(state["epoch"]), int(state["position"]), None
+
+    def timings(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        self._iter = None  # the DataLoader's workers exit with their iterator
+
+
+class _Samples:
+    """vla_io.LeRobotDataset as a map-style torch dataset of single samples."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.dataset[index]
+
+
+class _Subset:
+    def __init__(self, dataset, indices: list[int]) -> None:
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.dataset[self.indices[i]]
+
+
+class _Collate:
+    """Stack samples, then the processor (in the worker): model inputs with normalized pixel values."""
+
+    def __init__(self, data, processor) -> None:
+        from ._data import KEEP_KEYS, host_transform
+
+        self.transform, self.keep = host_transform(data, processor), KEEP_KEYS
+
+    def __call__(self, samples: list[dict]) -> dict:
+        import torch.utils.data as tud
+
+        out = self.transform(tud.default_collate(samples))
+        return {k: out[k] for k in self.keep if k in out}
+
+
+def cpu_augmentation(processor, enabled: bool) -> None:
+    """The baseline augments on the CPU in its workers: random crop and the release's brightness, contrast
+    and saturation jitter in the processor's own image path (hue is left out: that path has none)."""
+    from ._data import RELEASE_JITTER
+
+    config = processor.config
+    config.train = enabled
+    if enabled:
+        for name in ("brightness", "contrast", "saturation"):
+            setattr(config, name, RELEASE_JITTER[name])

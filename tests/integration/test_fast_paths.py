@@ -1,0 +1,63 @@
+"""The speed switches change speed, not numbers: the optimizer on its side stream (with the frozen prefix
+computed ahead) and bf16 working weights with fp32 master weights follow the plain trajectory bitwise, on the
+tiny GR00T model under bf16 autocast (CPU; graphs emulated). The GPU versions are in test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+BASE = ("steps=3", "precision=bf16", "optimizations.comm=zero1_overlap", "optimizations.graph=per_microbatch",
+        "optim.grad_accum=2")  # fmt: skip
+
+
+def _train(dataset, out, train_args, *sets: str, round_init: bool) -> tuple[list[float], dict]:
+    import gr00t_train
+    from gr00t_train._build import build_parts
+
+    cfg = gr00t_train.load_config(preset="demo", overrides=train_args(dataset, out, *BASE, *sets)[4::2])
+    env = gr00t_train.init_distributed("cpu")
+    try:
+        parts = build_parts(cfg, env)
+        if round_init:
+            # bf16 weights start from the bf16 rounding of the initial weights (as Megatron's do); give the
+            # fp32 run the same starting values, so any later difference would come from the training path.
+            with torch.no_grad():
+                for p in parts.model.matmul_weights():
+                    if p.requires_grad:
+                        p.copy_(p.to(torch.bfloat16))
+        trainer = gr00t_train.Trainer(cfg, parts, env)
+        summary = trainer.fit()
+        weights = {n: p.detach().clone() for n, p in parts.model.named_parameters()}
+    finally:
+        gr00t_train.shutdown_distributed(env)
+    assert summary.steps == 3
+    return [r.loss for r in trainer_records(out)], weights
+
+
+def trainer_records(out):
+    import json
+
+    from gr00t_train._metrics import StepRecord
+
+    return [StepRecord(**json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_optimizer_overlap_and_bf16_weights_follow_the_plain_trajectory(
+    dataset, tmp_path, train_args
+) -> None:
+    runs = {
+        "plain": (),
+        "optimizer_overlap": ("optimizations.optimizer_overlap=true",),
+        "bf16_weights": ("optimizations.optimizer_overlap=true", "optimizations.bf16_weights=true"),
+    }
+    results = {name: _train(dataset, tmp_path / name, train_args, *sets, round_init=True)
+               for name, sets in runs.items()}  # fmt: skip
+    plain_losses, plain_weights = results["plain"]
+    for name in ("optimizer_overlap", "bf16_weights"):
+        losses, weights = results[name]
+        assert losses == plain_losses, name
+        for key, value in plain_weights.items():
+            # bf16_weights holds matmul weights as the bf16 rounding of its fp32 masters
+            assert torch.equal(weights[key], value.to(weights[key].dtype)), (name, key)
