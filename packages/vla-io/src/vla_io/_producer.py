@@ -229,7 +229,13 @@ class Producer:
                 item = self._ready.get(timeout=_POLL_S)
                 break
             except queue.Empty:
-                if not all(t.is_alive() for t in self._threads) and self._ready.empty():
+                if all(t.is_alive() for t in self._threads):
+                    continue
+                # The host thread ends after handing its failure to the copy thread, which forwards it: wait
+                # for that before concluding nothing was delivered (under load this once lost the error).
+                for thread in self._threads:
+                    thread.join(timeout=2.0)
+                if self._ready.empty():
                     raise RuntimeError("vla-io pipeline threads stopped without delivering a batch") from None
         stats.add("l3_wait", time.perf_counter() - started)
         if isinstance(item, _Failed):
