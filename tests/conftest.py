@@ -80,3 +80,18 @@ def _torch_global_state_is_restored():
     if changed:
         _set_global_torch_state(before)
         pytest.fail(f"the test left global torch state changed (before, after): {changed}; restore it")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_vla_io_cache(tmp_path_factory):
+    """What vla-io caches outside datasets (statistics, frames) goes to a temporary folder, not ~/.cache;
+    subprocesses inherit it through the environment."""
+    import os
+
+    old = os.environ.get("VLA_IO_CACHE")
+    os.environ["VLA_IO_CACHE"] = str(tmp_path_factory.mktemp("vla-io-cache"))
+    yield
+    if old is None:
+        os.environ.pop("VLA_IO_CACHE", None)
+    else:
+        os.environ["VLA_IO_CACHE"] = old

@@ -75,7 +75,8 @@ def release_shapes(c: GR00TConfig, extra_llm_layers: int = 0) -> tuple[dict[str,
     lm_head = {llm + "lm_head.weight": (c.vocab_size, h)}
     w, hid, E = c.input_embedding_dim, c.hidden_size, c.max_num_embodiments
     dit = "action_head.model."
-    shapes |= _linear(dit + "timestep_encoder.timestep_embedder.linear_1", w, c.timestep_channels)
+    # the release fixes the timestep sinusoid at 256 channels and the feed-forward at 4x (not in config.json)
+    shapes |= _linear(dit + "timestep_encoder.timestep_embedder.linear_1", w, 256)
     shapes |= _linear(dit + "timestep_encoder.timestep_embedder.linear_2", w, w)
     for i in range(c.dit_num_layers):
         block, source = f"{dit}transformer_blocks.{i}.", w if i % 2 else h
@@ -192,6 +193,52 @@ def test_release_checkpoint_maps_every_tensor(release_dir) -> None:
     assert torch.isfinite(model(batch)["loss"])
 
 
+def test_release_checkpoint_whose_sizes_match_no_preset(tmp_path) -> None:
+    """A release-layout checkpoint loaded on the tiny backbone: the DiT sizes come from its config.json, the
+    sizes the release fixes in code (timestep width 256, feed-forward 4x) never from the base preset."""
+    base = GR00TConfig.preset("tiny")
+    config = {
+        **RELEASE_CONFIG,
+        "hidden_size": 96,
+        "input_embedding_dim": 48,
+        "action_horizon": 10,
+        "max_seq_len": 32,
+        "diffusion_model_cfg": {
+            **RELEASE_CONFIG["diffusion_model_cfg"],
+            "num_layers": 6,
+            "num_attention_heads": 3,
+            "attention_head_dim": 16,
+            "output_dim": 96,
+        },
+    }
+    target = base.replace(
+        hidden_size=96, input_embedding_dim=48, action_horizon=10, max_seq_len=32, dit_num_layers=6,
+        dit_num_heads=3, max_state_dim=48, max_action_dim=40, timestep_channels=256, dit_ff_mult=4,
+    )  # fmt: skip
+    presets = [GR00TConfig.preset(name) for name in ("tiny", "n1.6-3b", "n1.6-code-defaults")]
+    assert all(target.replace(name=p.name) != p for p in presets)  # matches no preset
+    shapes, unused = release_shapes(target)
+    gen = torch.Generator().manual_seed(2)
+    tensors = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, report = from_pretrained(tmp_path, config=base, return_report=True)
+    c = model.config
+    assert (c.timestep_channels, c.dit_ff_mult, c.hidden_size, c.dit_num_layers) == (256, 4, 96, 6)
+    assert report.missing == [] and report.unexpected == [] and set(report.ignored) == unused
+    ours = model.state_dict()["action_head.model.timestep_encoder.timestep_embedder.linear_1.weight"]
+    assert ours.shape == (48, 256)
+    assert torch.equal(ours, tensors["action_head.model.timestep_encoder.timestep_embedder.linear_1.weight"])
+    assert torch.isfinite(model(make_dummy_batch(c, 2))["loss"])
+
+
+def test_official_layout_refuses_sizes_the_release_cannot_record(tmp_path) -> None:
+    model = GR00TN16(GR00TConfig.preset("tiny"))  # timestep_channels 32: not the release's 256
+    with pytest.raises(ValueError, match="release layout cannot record .*timestep_channels"):
+        save_pretrained(model, tmp_path / "ckpt", layout="official")
+    assert not (tmp_path / "ckpt").exists()  # refused before any file was written
+
+
 def test_release_checkpoint_problems_are_reported(release_dir, caplog) -> None:
     path, base, tensors, _ = release_dir
     from safetensors.torch import load_file
@@ -238,6 +285,8 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, layout) -> None:
     config = GR00TConfig.preset(
         "tiny", action_horizon=8, state_dropout_prob=0.1, frozen_dtype="bfloat16", compute_dtype="bfloat16"
     )
+    if layout == "official":  # the release layout records only what the release can vary
+        config = config.replace(timestep_channels=256, dit_ff_mult=4)
     model = GR00TN16(config)
     with torch.no_grad():
         model.action_head.vlln.weight.add_(0.123)  # not an init value

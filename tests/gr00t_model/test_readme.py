@@ -11,7 +11,10 @@ README = Path(__file__).resolve().parents[2] / "packages" / "gr00t-model" / "REA
 def test_quick_start_runs(tmp_path) -> None:
     code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
     namespace: dict = {}
-    exec(compile(code.replace("/tmp/gr00t-tiny", str(tmp_path / "ckpt")), str(README), "exec"), namespace)
+    exec(
+        compile(code.replace("checkpoints/gr00t-tiny", str(tmp_path / "ckpt")), str(README), "exec"),
+        namespace,
+    )
     assert namespace["raw_actions"].shape == (4, 16, 7)
     assert namespace["actions"].shape == (4, 16, 64)
     assert (tmp_path / "ckpt" / "model.safetensors").exists()

@@ -46,14 +46,16 @@ def test_missing_video_file(dataset_copy, tmp_path, train_args, capsys) -> None:
     assert "episode_000001.mp4" in err and "episode 1" in err and "observation.images." in err
 
 
-def test_missing_statistics_for_a_normalized_key(dataset_copy, tmp_path, train_args, capsys) -> None:
+def test_non_finite_statistics_stop_the_run_naming_key_and_index(
+    dataset_copy, tmp_path, train_args, capsys
+) -> None:
     stats_path = dataset_copy / "meta" / "stats.json"
     stats = json.loads(stats_path.read_text())
-    del stats["action"]
+    stats["action"]["max"][5] = float("inf")
     stats_path.write_text(json.dumps(stats))
     code, err = _run_cli(train_args(dataset_copy, tmp_path / "run"), capsys)
-    assert code == 2 and "stats.json" in err and "'action'" in err
-    assert "every normalized key needs min/max" in err
+    assert code == 2 and "stats.json 'action' 'max' is inf at index 5 (joint group 'eef_delta_rot')" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_unknown_camera(dataset, tmp_path, train_args, capsys) -> None:
@@ -64,7 +66,11 @@ def test_unknown_camera(dataset, tmp_path, train_args, capsys) -> None:
 
 def test_unknown_joint_group(dataset, tmp_path, train_args, capsys) -> None:
     code, err = _run_cli(train_args(dataset, tmp_path / "run", "data.action_keys=[gripper, wheel]"), capsys)
-    assert code == 2 and "data.action_keys: ['wheel'] not in" in err and "eef_delta_pos" in err
+    assert code == 2 and "data.action_keys: 'wheel' is not a numeric vector feature of dataset" in err
+    assert (
+        "has action groups eef_delta_pos, eef_delta_rot, gripper" in err
+        and "observation.state (float32[8])" in err
+    )
 
 
 def test_nan_in_the_data_stops_with_step_and_episodes(dataset_copy, tmp_path, train_args, capsys) -> None:

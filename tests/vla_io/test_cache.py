@@ -8,6 +8,7 @@ import pytest
 import torch
 from vla_io import DatasetFormatError, FrameCache, LeRobotDataset, read_frame_marker
 from vla_io._augment_torch import resize_uint8
+from vla_io._cache import default_dir
 
 
 def test_cache_at_source_size_returns_identical_batches(synth_root, tmp_path, batches_equal):
@@ -48,12 +49,13 @@ def test_cache_rejects_changed_sources_and_partial_builds(synth_root, tmp_path):
     root = shutil.copytree(synth_root("v2.1", "h264"), tmp_path / "ds")
     ds = LeRobotDataset(root, image_dtype="uint8", progress=False)
     FrameCache.build(ds, progress=False)
-    FrameCache.open(ds)  # default place, next to the dataset
+    FrameCache.open(ds)  # default place: the user cache folder, never the dataset's
     video = root / "videos/chunk-000/observation.images.image/episode_000002.mp4"
     os.utime(video, ns=(0, 0))
     with pytest.raises(DatasetFormatError, match="source videos changed"):
         FrameCache.open(ds)
-    (root / ".vla_io_cache/frames-source/manifest.json").unlink()
+    assert not list(root.rglob("*manifest.json"))  # nothing written into the dataset
+    (default_dir(ds, None) / "manifest.json").unlink()
     with pytest.raises(FileNotFoundError, match="no frame cache"):
         FrameCache.open(ds)
 

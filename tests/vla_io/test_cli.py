@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from vla_io import LeRobotDataset
+from vla_io._cache import default_dir
 from vla_io.cli import main
 
 
@@ -30,7 +31,7 @@ def test_synth_then_info_then_cache(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "LeRobot v3.0" in out and "observation.images.wrist_image" in out and "eef_pos[0:3]" in out
     assert main(["cache", str(root), "--size", "32", "32"]) == 0
-    assert (root / ".vla_io_cache/frames-32x32/manifest.json").exists()
+    assert (default_dir(ds, (32, 32)) / "manifest.json").exists() and not list(root.rglob("manifest.json"))
 
 
 def test_errors_exit_nonzero_with_a_message(tmp_path, capsys):

@@ -69,9 +69,14 @@ def save_pretrained(
 
     if layout not in (FORMAT, "official"):
         raise ValueError(f"layout must be {FORMAT!r} or 'official', got {layout!r}")
+    config: GR00TConfig = model.config
+    meta = (  # first: a config the layout cannot describe fails before any file is written
+        config_to_official(config)
+        if layout == "official"
+        else {"format": FORMAT, "format_version": 1, "config": config.to_dict()}
+    )
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    config: GR00TConfig = model.config
     rename = to_official_name if layout == "official" else (lambda n: n)
     tensors = {rename(n): p.detach().contiguous().cpu() for n, p in model.state_dict().items()}
     shards = list(_shard(tensors, max_shard_bytes))
@@ -90,11 +95,6 @@ def save_pretrained(
         _atomic(out / INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=2, sort_keys=True)))
     else:
         (out / INDEX).unlink(missing_ok=True)
-    meta = (
-        config_to_official(config)
-        if layout == "official"
-        else {"format": FORMAT, "format_version": 1, "config": config.to_dict()}
-    )
     _atomic(out / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     return out
 

@@ -1,4 +1,11 @@
-"""Plain-torch image preparation: crop, resize to the model's size, optional color jitter, normalize.
+"""Plain-torch image preparation, per camera: letterbox, crop, resize to the model's size, optional color
+jitter, normalize.
+
+As the release (Isaac-GR00T N1.6 after its fix for cameras of different sizes): each camera's frame is padded
+with black bars to a square (the model's aspect ratio), a fraction of each side is cropped (centred at
+inference, at a random place in training, the same relative place for every camera of a sample), then it is
+resized to the model's image size. The release resizes the shorter side to 256 around its crop and rounds to a
+multiple of 28; this path resizes once, to the same final size.
 
 A training pipeline normally does this on the GPU in its data library, from uint8 frames, using the numbers in
 `ImageSpec`; this module is the simple path (and the reference that such a path can be tested against).
@@ -6,6 +13,7 @@ A training pipeline normally does this on the GPU in its data library, from uint
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +33,9 @@ class ImageSpec:
     std: float = 0.5
     crop_fraction: float = 0.95
     """Side fraction kept by the crop (center crop at inference, random crop in training)."""
+    letterbox: bool = True
+    """Pad each frame with black bars (centred) to the aspect ratio of `size` before cropping, so cameras
+    of any shape are not stretched (the release pads to a square)."""
 
 
 def to_channels_first(images: torch.Tensor) -> torch.Tensor:
@@ -37,7 +48,7 @@ def to_channels_first(images: torch.Tensor) -> torch.Tensor:
 
 
 def preprocess_images(
-    images: torch.Tensor,
+    images: torch.Tensor | Sequence[torch.Tensor],
     spec: ImageSpec,
     *,
     train: bool = False,
@@ -46,33 +57,76 @@ def preprocess_images(
     saturation: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """uint8 frames [B, V, 3, H, W] (or channel-last) -> normalized float32 [B, V, 3, h, w] at spec.size.
+    """uint8 frames -> normalized float32 [B, V, 3, h, w] at spec.size.
 
-    Runs on the frames' device (CPU in a pipeline thread, or a GPU); random draws come from a CPU generator.
+    `images`: one tensor [B, V, 3, H, W] (or channel-last), or a sequence of V per-camera tensors
+    [B, 3, H_v, W_v] (or [B, H_v, W_v, 3]) whose sizes and aspect ratios may differ. Runs on the frames'
+    device (CPU in a pipeline thread, or a GPU); random draws come from a CPU generator.
 
-    Inference: center crop of spec.crop_fraction, then bilinear antialiased resize. train=True: a random crop
-    and random brightness/contrast/saturation factors in [1 - a, 1 + a], the same for every view of a sample.
+    Per camera: letterbox (`spec.letterbox`), crop `spec.crop_fraction` of each side (centred, or with
+    train=True at a random place shared by the cameras of a sample), antialiased bilinear resize. train=True
+    also draws brightness/contrast/saturation factors in [1 - a, 1 + a], the same for every view of a sample.
     """
+    views = camera_views(images)
+    batch = views[0].shape[0]
+    if any(v.shape[0] != batch for v in views):
+        raise ValueError(f"cameras disagree on the batch size: {[tuple(v.shape) for v in views]}")
+    # one draw per sample, applied at the same relative place in every camera (the release replays its
+    # random crop on every view)
+    place = torch.rand(batch, 2, generator=generator) if train else None
+    out = torch.empty(batch, len(views), 3, *spec.size, dtype=torch.float32, device=views[0].device)
+    for v, frames in enumerate(views):
+        if spec.letterbox:
+            frames = letterbox(frames, spec.size)
+        height, width = frames.shape[-2:]
+        crop_h, crop_w = max(1, int(height * spec.crop_fraction)), max(1, int(width * spec.crop_fraction))
+        if train:
+            tops = (place[:, 0] * (height - crop_h + 1)).long().clamp(max=height - crop_h).tolist()
+            lefts = (place[:, 1] * (width - crop_w + 1)).long().clamp(max=width - crop_w).tolist()
+        else:  # the centre, as the release's center crop computes it
+            tops, lefts = [(height - crop_h) // 2] * batch, [(width - crop_w) // 2] * batch
+        for i in range(batch):
+            crop = frames[i : i + 1, :, tops[i] : tops[i] + crop_h, lefts[i] : lefts[i] + crop_w]
+            resized = F.interpolate(
+                crop.to(torch.float32), size=spec.size, mode="bilinear", align_corners=False, antialias=True
+            )
+            out[i, v] = resized[0].clamp(0.0, 255.0) / 255.0
+    if train and (brightness or contrast or saturation):
+        out = color_jitter(out, brightness, contrast, saturation, generator)
+    return (out - spec.mean) / spec.std
+
+
+def camera_views(images: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-camera uint8 [B, 3, H, W] tensors from [B, V, 3, H, W] / [B, V, H, W, 3] or a sequence of
+    [B, 3, H, W] / [B, H, W, 3] (a [B, 3, H, W] tensor alone is one camera)."""
+    if isinstance(images, (list, tuple)):
+        views = [to_channels_first(torch.as_tensor(v)) for v in images]
+        bad = [tuple(v.shape) for v in views if v.ndim != 4]
+        if not views or bad:
+            raise ValueError(f"each camera must be [B, 3, H, W] or [B, H, W, 3], got {bad or 'no cameras'}")
+        return views
     images = to_channels_first(torch.as_tensor(images))
     if images.ndim == 4:
         images = images[:, None]
     if images.ndim != 5:
         raise ValueError(f"images must be [B, V, 3, H, W], got {tuple(images.shape)}")
-    batch, views, _, height, width = images.shape
-    crop_h, crop_w = max(1, round(height * spec.crop_fraction)), max(1, round(width * spec.crop_fraction))
-    if train:
-        tops = torch.randint(0, height - crop_h + 1, (batch,), generator=generator).tolist()
-        lefts = torch.randint(0, width - crop_w + 1, (batch,), generator=generator).tolist()
+    return list(images.unbind(1))
+
+
+def letterbox(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[..., 3, H, W] padded with zeros, centred, to the aspect ratio of size (h, w); unchanged if already.
+    Like the release's LetterBoxPad: the bars split evenly, the odd pixel at the bottom or right."""
+    height, width = frames.shape[-2:]
+    if width * size[0] > height * size[1]:  # wider than the target
+        padded_h, padded_w = max(height, round(width * size[0] / size[1])), width
     else:
-        tops, lefts = [(height - crop_h) // 2] * batch, [(width - crop_w) // 2] * batch
-    out = torch.empty(batch, views, 3, *spec.size, dtype=torch.float32, device=images.device)
-    for i in range(batch):
-        crop = images[i, :, :, tops[i] : tops[i] + crop_h, lefts[i] : lefts[i] + crop_w].to(torch.float32)
-        resized = F.interpolate(crop, size=spec.size, mode="bilinear", align_corners=False, antialias=True)
-        out[i] = resized.clamp(0.0, 255.0) / 255.0
-    if train and (brightness or contrast or saturation):
-        out = color_jitter(out, brightness, contrast, saturation, generator)
-    return (out - spec.mean) / spec.std
+        padded_h, padded_w = height, max(width, round(height * size[1] / size[0]))
+    if (padded_h, padded_w) == (height, width):
+        return frames
+    top, left = (padded_h - height) // 2, (padded_w - width) // 2
+    out = frames.new_zeros(*frames.shape[:-2], padded_h, padded_w)
+    out[..., top : top + height, left : left + width] = frames
+    return out
 
 
 def color_jitter(

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +50,13 @@ class JointGroup:
             if value.shape[-1] != self.dim:
                 raise ValueError(
                     f"JointGroup {self.name!r}: stats[{key!r}] has {value.shape[-1]} values, group has {self.dim} dims"
+                )
+        for key in STAT_KEYS[self.mode]:  # a NaN here would silently zero the joint (span > 0 is False)
+            bad = first_non_finite(self.stats[key])
+            if bad is not None:
+                raise ValueError(
+                    f"JointGroup {self.name!r}: stats[{key!r}] is {bad[1]} at index {bad[0]}; "
+                    "statistics must be finite"
                 )
 
     @property
@@ -106,6 +114,11 @@ class EmbodimentSpec:
     action_horizon: int
     slot: int | None = None
     """Projector slot; default: EMBODIMENT_TAGS[tag]."""
+    state_features: list[tuple[str, int]] | None = None
+    """Dataset features the raw state vector concatenates, in order, as (key, leading values taken); group
+    `start`/`end` index that concatenation. None: the raw vector is given as one array (`state`)."""
+    action_features: list[tuple[str, int]] | None = None
+    """The same for the raw action vector."""
 
     def __post_init__(self) -> None:
         self.slot = embodiment_id(self.tag if self.slot is None else self.slot)
@@ -160,6 +173,14 @@ class EmbodimentSpec:
             offset += g.dim
         return torch.cat(parts, dim=-1)
 
+    def gather_state(self, sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The raw state vector [..., D] from a dataset sample or batch keyed by feature (`state_features`)."""
+        return _gather(sample, self.state_features, "observation.state")
+
+    def gather_action(self, sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The raw action vector (chunk) [..., D] from a sample or batch keyed by feature (`action_features`)."""
+        return _gather(sample, self.action_features, "action")
+
     def _state_group(self, name: str, state: torch.Tensor) -> torch.Tensor:
         ref = next(g for g in self.state if g.name == name)
         return state[..., ref.start : ref.end].to(torch.float32)
@@ -181,38 +202,68 @@ class EmbodimentSpec:
 
         mean_std / sin_cos: group names using those modes; relative: {action group: state group};
         relative_stats: {action group: {min, max, mean, std} per step} (see relative_action_stats).
-        use_percentiles takes q01/q99 as min/max.
+        use_percentiles takes q01/q99 as min/max. See `from_modality` for the format.
         """
         meta = Path(meta_dir)
-        modality, stats = _load(meta / "modality.json"), _load(meta / "stats.json")
-        relative, relative_stats = dict(relative or {}), dict(relative_stats or {})
-        groups: dict[str, list[JointGroup]] = {}
-        for kind, column in (("state", "observation.state"), ("action", "action")):
-            if kind not in modality or column not in stats:
-                raise ValueError(f"{meta}: modality.json needs '{kind}' and stats.json needs '{column}'")
-            groups[kind] = []
-            for name, span in modality[kind].items():
-                start, end = int(span["start"]), int(span["end"])
-                mode = (
-                    "sin_cos"
-                    if name in sin_cos and kind == "state"
-                    else "mean_std"
-                    if name in mean_std
-                    else "min_max"
-                )
-                rel = relative.get(name) if kind == "action" else None
-                if rel is not None:
-                    if name not in relative_stats:
-                        raise ValueError(
-                            f"{meta}: action group {name!r} is relative but has no relative_stats"
-                        )
-                    group_stats = relative_stats[name]
-                else:
-                    group_stats = _slice_stats(stats[column], start, end, use_percentiles)
-                groups[kind].append(
-                    JointGroup(name=name, start=start, end=end, mode=mode, stats=group_stats, relative_to=rel)
-                )
-        return cls(tag=tag, state=groups["state"], action=groups["action"], action_horizon=action_horizon)
+        return cls.from_modality(
+            _load(meta / "modality.json"), _load(meta / "stats.json"), tag, action_horizon=action_horizon,
+            mean_std=mean_std, sin_cos=sin_cos, relative=relative, relative_stats=relative_stats,
+            use_percentiles=use_percentiles, source=str(meta),
+        )  # fmt: skip
+
+    @classmethod
+    def from_modality(
+        cls,
+        modality: Mapping[str, Any],
+        stats: Mapping[str, Mapping[str, Any]],
+        tag: str,
+        *,
+        action_horizon: int,
+        mean_std: Sequence[str] = (),
+        sin_cos: Sequence[str] = (),
+        relative: Mapping[str, str] | None = None,
+        relative_stats: Mapping[str, Mapping[str, Sequence]] | None = None,
+        use_percentiles: bool = False,
+        source: str = "modality",
+    ) -> EmbodimentSpec:
+        """Groups from a modality.json-shaped mapping and per-feature statistics (stats.json's shape).
+
+        `modality["state"]` / `modality["action"]`: {group: {"start", "end", "original_key"?}}, slices
+        [start, end) of the feature `original_key` (default `observation.state` / `action`). The raw vector
+        concatenates the features in order of first use (`state_features` / `action_features`). Statistics
+        that are NaN or infinite are an error naming the feature, statistic and index (`source` names where
+        they came from in messages).
+        """
+        from ._modality_spec import spec_fields
+
+        fields = spec_fields(
+            modality, stats, mean_std=mean_std, sin_cos=sin_cos, relative=relative,
+            relative_stats=relative_stats, use_percentiles=use_percentiles, source=source,
+        )  # fmt: skip
+        return cls(tag=tag, action_horizon=action_horizon, **fields)
+
+
+def first_non_finite(values: torch.Tensor) -> tuple[tuple[int, ...] | int, float] | None:
+    """(index, value) of the first NaN or infinite entry, or None; a 1-d index is a plain int."""
+    bad = (~torch.isfinite(values)).nonzero()
+    if not len(bad):
+        return None
+    index = tuple(int(i) for i in bad[0])
+    return (index[0] if len(index) == 1 else index), float(values[index])
+
+
+def _gather(sample: Mapping[str, Any], features: list[tuple[str, int]] | None, default: str) -> torch.Tensor:
+    if features is None:
+        return torch.as_tensor(sample[default])
+    parts = []
+    for key, width in features:
+        if key not in sample:
+            raise KeyError(f"sample has no feature {key!r} (it has {sorted(sample)})")
+        value = torch.as_tensor(sample[key])
+        if value.shape[-1] < width:
+            raise ValueError(f"feature {key!r} has {value.shape[-1]} values, the joint groups need {width}")
+        parts.append(value[..., :width])
+    return parts[0] if len(parts) == 1 else torch.cat([p.to(torch.float32) for p in parts], dim=-1)
 
 
 def relative_action_stats(
@@ -234,22 +285,6 @@ def relative_action_stats(
             "std": rel.std(0, unbiased=False).numpy(),
         }
     return out
-
-
-def _slice_stats(
-    column: Mapping[str, Sequence], start: int, end: int, use_percentiles: bool
-) -> dict[str, np.ndarray]:
-    names = {
-        "min": "q01" if use_percentiles else "min",
-        "max": "q99" if use_percentiles else "max",
-        "mean": "mean",
-        "std": "std",
-    }
-    return {
-        ours: np.asarray(column[theirs], dtype=np.float32)[start:end]
-        for ours, theirs in names.items()
-        if theirs in column
-    }
 
 
 def _load(path: Path) -> dict:

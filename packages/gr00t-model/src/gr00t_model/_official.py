@@ -53,6 +53,9 @@ _DIT_FIELDS = {
 }
 # Release variants this model does not implement, with the value it needs.
 _REQUIRED = {"use_vlln": True, "add_pos_embed": True, "use_alternate_vl_dit": True}
+# Action-head sizes the release hard-codes in its modules (never in config.json): the DiT's sinusoidal
+# timestep width and its feed-forward expansion. A base preset's values must not leak in (tiny uses 32).
+RELEASE_FIXED = {"timestep_channels": 256, "dit_ff_mult": 4}
 
 
 def is_official_config(data: dict[str, Any]) -> bool:
@@ -63,7 +66,8 @@ def is_official_config(data: dict[str, Any]) -> bool:
 def config_from_official(data: dict[str, Any], base: GR00TConfig | None = None) -> GR00TConfig:
     """Our config from a release config.json; backbone sizes come from `base` (default: the n1.6-3b preset).
 
-    The release's config.json holds the action-head fields only (reference section 11).
+    The release's config.json holds the action-head fields only (reference section 11); what the release
+    fixes in code (`RELEASE_FIXED`) is pinned, whatever `base` says.
     """
     base = base or GR00TConfig.preset("n1.6-3b")
     for key, needed in _REQUIRED.items():
@@ -72,6 +76,7 @@ def config_from_official(data: dict[str, Any], base: GR00TConfig | None = None) 
                 f"config.json: {key}={data[key]!r} is not supported (this model implements {key}={needed})"
             )
     changes = {ours: data[theirs] for theirs, ours in _FIELDS.items() if theirs in data}
+    changes.update(RELEASE_FIXED)
     dit = data.get("diffusion_model_cfg") or {}
     changes.update({ours: dit[theirs] for theirs, ours in _DIT_FIELDS.items() if theirs in dit})
     if "output_dim" in dit and dit["output_dim"] != changes.get("hidden_size", base.hidden_size):
@@ -92,7 +97,16 @@ def config_from_official(data: dict[str, Any], base: GR00TConfig | None = None) 
 
 
 def config_to_official(config: GR00TConfig) -> dict[str, Any]:
-    """A release-style config.json for our config (action-head fields, as the release writes them)."""
+    """A release-style config.json for our config (action-head fields, as the release writes them).
+
+    Raises for a config the release layout cannot describe (a `RELEASE_FIXED` size that differs).
+    """
+    differs = {k: getattr(config, k) for k, v in RELEASE_FIXED.items() if getattr(config, k) != v}
+    if differs:
+        raise ValueError(
+            f"the release layout cannot record {differs}: the release fixes {RELEASE_FIXED} in code; "
+            "save this model with the default layout"
+        )
     data: dict[str, Any] = {
         "model_type": "Gr00tN1d6",
         "model_name": "nvidia/Eagle-Block2A-2B-v2",

@@ -36,8 +36,9 @@ class ProcessorConfig:
     """Lowercase the task and strip punctuation, as the release does."""
     system_prompt: str = "You are a helpful assistant."
     image_mode: str = "torch"
-    """"torch": uint8 `images` are cropped/resized/normalized here into `pixel_values`; "passthrough": they are
-    returned untouched under `images` for a later step (e.g. on the GPU) that uses `processor.image_spec`."""
+    """"torch": uint8 `images` are letterboxed/cropped/resized/normalized here, per camera, into `pixel_values`;
+    "passthrough": they are returned untouched under `images` for a later step (e.g. on the GPU) that uses
+    `processor.image_spec`."""
     train: bool = False
     """Random crop and color jitter in the torch image path (else the center crop of inference)."""
     crop_fraction: float = 0.95
@@ -68,7 +69,8 @@ class GR00TProcessor:
     """Prompt + tokens, image tensors, normalized/padded state and action, masks and embodiment ids.
 
     Input (`__call__`): a mapping with
-      images   uint8 [B, N, 3, H, W] or [B, N, H, W, 3] (any size; torch mode crops/resizes), or
+      images   uint8 [B, N, 3, H, W] or [B, N, H, W, 3] (any size; torch mode letterboxes, crops and resizes
+               each camera), or a list of N per-camera uint8 [B, 3, H, W] whose sizes may differ, or
       pixel_values  float [B, N, 3, h, w] already at `image_spec.size` and normalized (passed through);
       state    raw [B, D] or [B, 1, D];  action (optional) raw [B, T, D] with T <= the embodiment's horizon;
       embodiment (optional) a tag or one tag per row (default: the only EmbodimentSpec);
@@ -201,7 +203,7 @@ class GR00TProcessor:
             )
         return [self.embodiments[t] for t in tags]
 
-    def _images(self, batch: Mapping[str, Any], size: int) -> dict[str, torch.Tensor]:
+    def _images(self, batch: Mapping[str, Any], size: int) -> dict[str, Any]:
         c, n = self.model_config, self.config.num_images
         if "pixel_values" in batch:
             pixels = torch.as_tensor(batch["pixel_values"])
@@ -212,16 +214,30 @@ class GR00TProcessor:
             return {"pixel_values": pixels}
         if "images" not in batch:
             raise KeyError("batch needs 'images' (uint8 frames) or 'pixel_values' (prepared floats)")
-        images = torch.as_tensor(batch["images"])
-        if images.ndim != 5 or images.shape[:2] != (size, n) or images.dtype != torch.uint8:
-            raise ValueError(
-                f"batch['images'] must be uint8 [{size}, {n}, 3, H, W] or [{size}, {n}, H, W, 3], got {images.dtype} {tuple(images.shape)}"
+        images = batch["images"]
+        if isinstance(images, (list, tuple)):  # one tensor per camera: sizes and aspect ratios may differ
+            views = [torch.as_tensor(v) for v in images]
+            ok = len(views) == n and all(
+                v.ndim == 4 and v.shape[0] == size and v.dtype == torch.uint8 for v in views
             )
+            shapes = [f"{v.dtype} {tuple(v.shape)}" for v in views]
+            if not ok:
+                raise ValueError(
+                    f"batch['images'] as a list must hold {n} uint8 [{size}, 3, H, W] (or [{size}, H, W, 3]) "
+                    f"tensors, one per camera, got {shapes}"
+                )
+        else:
+            views = torch.as_tensor(images)
+            if views.ndim != 5 or views.shape[:2] != (size, n) or views.dtype != torch.uint8:
+                raise ValueError(
+                    f"batch['images'] must be uint8 [{size}, {n}, 3, H, W] or [{size}, {n}, H, W, 3], or a list of "
+                    f"{n} per-camera tensors, got {views.dtype} {tuple(views.shape)}"
+                )
         if self.config.image_mode == "passthrough":
             return {"images": images}
         cfg = self.config
         pixels = preprocess_images(
-            images,
+            views,
             self.image_spec,
             train=cfg.train,
             brightness=cfg.brightness,

@@ -47,7 +47,9 @@ class LeRobotStyleSource:
         root, fps = data.root, float(data.dataset.meta.fps)
         samples = vla_io.LeRobotDataset(
             root,
-            delta_timestamps={"action": [i / fps for i in range(data.horizon)]},
+            delta_timestamps={
+                key: [i / fps for i in range(data.horizon)] for key in data.features.features("action")
+            },
             video_keys=data.camera_keys,
             image_dtype="uint8",
             max_open_videos=1,  # no decoder kept between samples: one open and one seek per frame

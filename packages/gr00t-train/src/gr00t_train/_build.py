@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 from pathlib import Path
 
 import gr00t_model
@@ -17,21 +17,24 @@ from ._parts import TrainParts
 
 log = logging.getLogger(__name__)
 DATASET_META = "dataset_meta"
-"""Checkpoint subfolder holding the dataset's modality.json and stats.json (what `infer` normalizes with)."""
+"""Checkpoint subfolder holding the modality.json (joint groups, cameras) and stats.json the run normalized
+with, whatever their source (what `infer` normalizes with)."""
 
 
 def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
     LeRobot-style baseline loader -> gr00t_model model, loss and random draws."""
+    plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     model = _gr00t.build_model(cfg, env.device, tokenizer)
-    data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main)
+    data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
     baseline = cfg.optimizations.data == "dataloader"
     processor = _data.make_processor(
         data,
         model.config,
         tokenizer,
-        augment_on_device=cfg.data.augment and not baseline,
+        # vla-io's pipeline: images go to the device as uint8 and are prepared there, per camera
+        augment_on_device=not baseline,
         vlm_seq_len=cfg.model.vlm_seq_len,
     )
     vlm_tokens = processor.config.vlm_seq_len
@@ -45,7 +48,7 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         source = _data.PipelineSource(_pipeline(cfg, env, data, processor), check_first=model.validate_batch)
     log.info(
         "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
-        "%d samples per epoch",
+        "%d samples per epoch; state %s, action %s (groups from %s)",
         cfg.model.preset,
         sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
         len(data.camera_keys),
@@ -53,6 +56,9 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         vlm_tokens,
         data.horizon,
         len(data.dataset),
+        list(data.features.modality["state"]),
+        list(data.features.modality["action"]),
+        data.features.source,
     )
     save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
     return model_parts(cfg, env, model, source, save, flops, tokens)
@@ -62,11 +68,14 @@ def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
     """vla-io's pipeline: workers decode, the processor runs on the host thread, augmentation on the device."""
     import vla_io
 
+    augment = _data.device_augment(
+        processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
+    )
     pipeline = vla_io.Pipeline(
         data.dataset,
         cfg.data.batch_size,
         transform=_data.host_transform(data, processor),
-        device_transform=_data.device_augment(processor, cfg.data.augment),
+        device_transform=augment,
         num_workers=cfg.data.num_workers,
         prefetch_per_worker=cfg.data.prefetch,
         seed=cfg.seed,
@@ -85,16 +94,20 @@ def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
             f"data.batch_size: dataset {data.root} has {len(data.dataset)} samples, fewer than one batch of "
             f"{cfg.data.batch_size} per rank on {env.world_size} rank(s)"
         )
+    log.info(
+        "images prepared on %s with the %s backend", pipeline.device, augment.backend_for(pipeline.device)
+    )
     return pipeline
 
 
 def save_dataset_meta(module: torch.nn.Module, folder: Path, data) -> None:
-    """The model, and beside it the dataset's modality.json and stats.json (what `infer` normalizes with)."""
+    """The model, and beside it the modality.json and stats.json the run normalized with (what `infer`
+    normalizes with): what was used, never a copy of the dataset's files (which may not exist)."""
     _gr00t.save_model(module, folder)
     meta = folder / DATASET_META
     meta.mkdir()
-    for name in ("modality.json", "stats.json"):
-        shutil.copy2(data.root / "meta" / name, meta / name)
+    for name, content in data.dataset_meta().items():
+        (meta / name).write_text(json.dumps(content, indent=2) + "\n")
 
 
 def model_parts(cfg: TrainConfig, env: DistEnv, model, source, save, flops, tokens) -> TrainParts:

@@ -31,13 +31,24 @@ class DataConfig(_Section):
     """What to read and how to batch it."""
 
     dataset: str = ""
-    """Root folder of a LeRobot dataset (v2.x with GR00T's meta/modality.json, or v3.0)."""
+    """Root folder of a LeRobot dataset (v2.0, v2.1 or v3.0; GR00T's meta/modality.json is optional). It is
+    only read: statistics it lacks are computed once and cached in vla-io's user cache folder."""
     cameras: list[str] | None = None
-    """Camera (video) keys to feed the model, in order; None = every camera of the dataset."""
+    """Camera (video) keys to feed the model, in order (full keys, or names without `observation.images.`,
+    or modality.json's names); None = every camera of the dataset. Any sizes and aspect ratios."""
     state_keys: list[str] | None = None
-    """State groups of meta/modality.json to use; None = all."""
+    """State: dataset features (e.g. observation.state; a feature whose `names` is a dict of lists is split
+    into those groups) and/or modality.json groups, in order; None = modality.json's state groups, else the
+    `observation.state` feature as one group."""
     action_keys: list[str] | None = None
-    """Action groups of meta/modality.json to predict; None = all."""
+    """Action: the same choice as state_keys; None = modality.json's action groups, else `action`."""
+    modality_file: str | None = None
+    """A modality.json (GR00T's joint groups and camera names) to use instead of the dataset's own
+    meta/modality.json: groups for a read-only dataset without writing into it."""
+    augment_backend: Literal["torch", "dali", "auto"] = "auto"
+    """Image work on the device (per-camera letterbox + resize, crop, color jitter, normalization) with
+    vla-io's torch or DALI backend; auto = the backend recorded as faster on that device when installed,
+    else torch."""
     action_horizon: int | None = None
     """Action steps per sample read from the dataset (the embodiment's chunk); None = the model's horizon."""
     embodiment_tag: str = "new_embodiment"

@@ -1,9 +1,11 @@
-"""The data side of a run, from vla_io and gr00t_model: the LeRobot dataset, the GR00T processor as the
-pipeline's host-thread transform, image augmentation on the device, and the Pipeline as an endless,
-resumable BatchSource. Errors about the dataset are re-raised as DataError with the field to change."""
+"""The data side of a run, from vla_io and gr00t_model: the LeRobot dataset and its statistics, the GR00T
+processor as the pipeline's host-thread transform, per-camera image work on the device, and the Pipeline as
+an endless, resumable BatchSource. Errors about the dataset are re-raised as DataError with the field to
+change."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import gr00t_model
+import numpy as np
 import torch
 
 from ._config import TrainConfig
 from ._errors import ConfigError, DataError
+from ._features import FeatureMap, map_features
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,8 @@ KEEP_KEYS = (
 """What the training step receives of a pipeline batch (tensors only: graphs need fixed inputs)."""
 RELEASE_JITTER = {"brightness": 0.1, "contrast": 0.1, "saturation": 0.1, "hue": 36.0}
 """The release's color jitter (0.1 each; hue 0.1 of a turn = 36 degrees)."""
+CAMERA_SLOTS = tuple(f"camera{i}" for i in range(16))
+"""Batch keys the cameras travel under from the host step to the device step."""
 
 
 @dataclass
@@ -42,31 +48,76 @@ class TrainingData:
     spec: gr00t_model.EmbodimentSpec
     camera_keys: list[str]
     horizon: int
+    features: FeatureMap
+    stats: dict[str, dict[str, Any]]
+    """The statistics the spec normalizes with, per feature (what a checkpoint records)."""
+
+    def raw_state(self, raw: dict) -> torch.Tensor:
+        """The raw state vector of a collated batch (the state features concatenated)."""
+        return self.spec.gather_state(raw)
+
+    def raw_action(self, raw: dict) -> torch.Tensor:
+        """The raw action chunks of a collated batch (the action features concatenated)."""
+        return self.spec.gather_action(raw)
+
+    def action_is_pad(self, raw: dict) -> torch.Tensor:
+        """[B, T] True where an action step lies past the episode's end."""
+        return raw[f"{self.features.features('action')[0]}_is_pad"]
+
+    def dataset_meta(self) -> dict[str, Any]:
+        """modality.json and stats.json contents of what this run normalizes with (for checkpoints)."""
+        return {"modality.json": self.features.modality, "stats.json": self.stats}
 
 
-def open_dataset(
-    cfg: TrainConfig, *, model_horizon: int, progress: bool, meta_dir: Path | None = None
-) -> TrainingData:
-    """The LeRobot dataset of `data.dataset` with action chunks, its cameras and its embodiment spec
-    (normalization statistics from `meta_dir`, default the dataset's own meta/)."""
+def plan_data(cfg: TrainConfig, meta_dir: Path | None = None) -> FeatureMap:
+    """The dataset's metadata and which features feed the model, from metadata only (cheap): a dataset that
+    cannot be used stops here, before any heavy work. Statistics the dataset already holds are checked too."""
     import vla_io
 
     root = Path(cfg.data.dataset)
     if not root.is_dir():
         raise DataError(f"data.dataset: {root} is not a directory (expected a LeRobot dataset root)")
+    try:
+        meta = vla_io.DatasetMeta(root)
+    except (FileNotFoundError, KeyError, ValueError, vla_io.VlaIoError) as err:
+        raise DataError(f"cannot use dataset {root} (data.dataset): {err}") from err
+    fmap = map_features(cfg, meta, root, modality_file=meta_dir / "modality.json" if meta_dir else None)
+    own = meta.stats or {}
+    used = fmap.features("state") + fmap.features("action")
+    if meta_dir is None and all(_complete(own.get(key)) for key in used):
+        _spec(cfg, fmap, own, horizon=1, source=f"{root / 'meta'}")  # NaN / inf: an error now
+    return fmap
+
+
+def open_dataset(
+    cfg: TrainConfig,
+    *,
+    model_horizon: int,
+    progress: bool,
+    meta_dir: Path | None = None,
+    plan: FeatureMap | None = None,
+) -> TrainingData:
+    """The LeRobot dataset of `data.dataset` with action chunks, its cameras and its embodiment spec.
+
+    Statistics: from `meta_dir` (a checkpoint's dataset_meta, with its modality.json) when given, else the
+    dataset's own where complete, else computed once and cached outside the dataset (vla_io.dataset_stats).
+    """
+    import vla_io
+
+    fmap = plan or plan_data(cfg, meta_dir)
+    root = fmap.root
     horizon = cfg.data.action_horizon or model_horizon
     if horizon > model_horizon:
         raise ConfigError(
             "data.action_horizon", f"{horizon} exceeds the model's action_horizon {model_horizon}"
         )
+    fps = float(fmap.meta.fps)
+    chunk = [i / fps for i in range(horizon)]
     try:
-        meta = vla_io.DatasetMeta(root)
-        cameras = None if cfg.data.cameras is None else _camera_keys(meta, cfg.data.cameras, root)
-        fps = float(meta.fps)
         dataset = vla_io.LeRobotDataset(
             root,
-            delta_timestamps={"action": [i / fps for i in range(horizon)]},
-            video_keys=cameras,
+            delta_timestamps={key: chunk for key in fmap.features("action")},
+            video_keys=fmap.cameras,
             image_dtype="uint8",
             decode_device=cfg.data.decode_device,
             progress=progress,
@@ -76,31 +127,35 @@ def open_dataset(
     cameras = list(dataset.video_keys)  # with no selection: the cameras whose files exist
     if not cameras:
         raise DataError(f"dataset {root} has no videos to feed the model (data.dataset)")
-    spec = _embodiment_spec(cfg, meta_dir or root / "meta", horizon)
-    return TrainingData(root, dataset, spec, cameras, horizon)
+    used = fmap.features("state") + fmap.features("action")
+    if meta_dir is not None:
+        stats = _read_json(meta_dir / "stats.json")
+        source = str(meta_dir)
+    else:
+        stats = vla_io.dataset_stats(dataset, used)
+        source = f"{root / 'meta'} (or statistics computed from its rows)"
+    stats = {key: {k: np.asarray(v).tolist() for k, v in stats[key].items()} for key in used if key in stats}
+    spec = _spec(cfg, fmap, stats, horizon, source)
+    return TrainingData(root, dataset, spec, cameras, horizon, fmap, stats)
 
 
-def _camera_keys(meta: Any, wanted: list[str], root: Path) -> list[str]:
-    """Feature keys of the wanted cameras; names may be modality.json's short names or full keys."""
-    available = list(meta.video_keys)
-    videos = meta.modality.slices("video") if meta.modality is not None else {}
-    short = {name: entry.key for name, entry in videos.items()}
-    for key in available:
-        short.setdefault(key.removeprefix("observation.images."), key)
-    keys = []
-    for name in wanted:
-        key = short.get(name, name if name in available else None)
-        if key is None or key not in available:
-            names = sorted(short)
-            raise DataError(
-                f"data.cameras: camera {name!r} is not in dataset {root}; it has {', '.join(names) or 'no cameras'}"
-            )
-        keys.append(key)
-    return keys
+def _complete(stats: dict | None) -> bool:
+    return stats is not None and all(name in stats for name in ("min", "max", "mean", "std"))
 
 
-def _embodiment_spec(cfg: TrainConfig, meta: Path, horizon: int) -> gr00t_model.EmbodimentSpec:
-    """Joint groups from meta/modality.json with statistics from meta/stats.json, filtered to the config."""
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise DataError(
+            f"{path}: cannot read the statistics the checkpoint was trained with ({err})"
+        ) from err
+
+
+def _spec(
+    cfg: TrainConfig, fmap: FeatureMap, stats: dict, horizon: int, source: str
+) -> gr00t_model.EmbodimentSpec:
+    """Joint groups with their statistics, as the model's processor normalizes them."""
     tag = cfg.data.embodiment_tag
     if tag not in gr00t_model.EMBODIMENT_TAGS:
         raise ConfigError(
@@ -108,27 +163,11 @@ def _embodiment_spec(cfg: TrainConfig, meta: Path, horizon: int) -> gr00t_model.
             f"{tag!r} is not one of the allowed values: {', '.join(sorted(gr00t_model.EMBODIMENT_TAGS))}",
         )
     try:
-        spec = gr00t_model.EmbodimentSpec.from_lerobot_meta(meta, tag, action_horizon=horizon)
-    except (FileNotFoundError, KeyError, ValueError) as err:
-        raise DataError(
-            f"{meta}: cannot build the state/action normalization from modality.json and stats.json "
-            f"({err}); every normalized key needs min/max (or mean/std) statistics"
-        ) from err
-    spec.state = _select(spec.state, cfg.data.state_keys, "data.state_keys", meta)
-    spec.action = _select(spec.action, cfg.data.action_keys, "data.action_keys", meta)
-    return spec
-
-
-def _select(groups: list, wanted: list[str] | None, field: str, meta: Path) -> list:
-    if wanted is None:
-        return groups
-    by_name = {g.name: g for g in groups}
-    unknown = [name for name in wanted if name not in by_name]
-    if unknown:
-        raise DataError(
-            f"{field}: {unknown} not in {meta}/modality.json; it has {', '.join(by_name) or 'none'}"
+        return gr00t_model.EmbodimentSpec.from_modality(
+            fmap.modality, stats, tag, action_horizon=horizon, source=source
         )
-    return [by_name[name] for name in wanted]
+    except (KeyError, ValueError) as err:
+        raise DataError(f"cannot build the state/action normalization ({fmap.source}): {err}") from err
 
 
 def make_processor(
@@ -148,27 +187,43 @@ def make_processor(
 
 
 def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
-    """The pipeline's L2 step: raw collated batch -> model inputs (tokens, normalized state/action)."""
+    """The pipeline's L2 step: raw collated batch -> model inputs (tokens, normalized state/action).
+
+    Cameras stay separate (sizes and aspect ratios may differ): in the processor's passthrough mode each
+    goes on under its own key of CAMERA_SLOTS, for the device step to letterbox and resize, then stack.
+    `sample_seed` goes on too: it keys the device step's random crops and jitter (see `device_augment`).
+    """
     cameras, horizon = data.camera_keys, data.horizon
 
     def transform(raw: dict) -> dict:
-        images = torch.stack([raw[key] for key in cameras], dim=1)  # (B, cameras, C, H, W) uint8
-        out = processor({"images": images, "state": raw["observation.state"], "action": raw["action"]},
-                        tasks=raw["task"])  # fmt: skip
+        images = [raw[key] for key in cameras]  # per camera uint8 [B, C, H, W]
+        out = processor(
+            {"images": images, "state": data.raw_state(raw), "action": data.raw_action(raw)},
+            tasks=raw["task"],
+        )
+        if isinstance(out.get("images"), list):  # passthrough: the device step prepares them
+            out.update(zip(CAMERA_SLOTS, out.pop("images")))
         # Steps past the episode's end repeat its last action; they carry no loss.
-        real = (~raw["action_is_pad"].bool()).to(out["action_mask"].dtype)
+        real = (~data.action_is_pad(raw).bool()).to(out["action_mask"].dtype)
         out["action_mask"][:, :horizon] *= real[:, :, None]
         out["episode_index"] = raw["episode_index"]
+        if "sample_seed" in raw:  # vla_io.Pipeline's batches carry it; a plain DataLoader's do not
+            out["sample_seed"] = raw["sample_seed"]
         return out
 
     return transform
 
 
-def device_augment(processor, enabled: bool):
-    """Random crop + color jitter + normalization of uint8 frames on the device (vla_io.ImageAugment),
-    with the release's settings; None when the processor prepares the images itself."""
-    if not enabled:
-        return None
+def device_augment(processor, num_cameras: int, *, augment: bool, backend: str):
+    """The device step for uint8 frames (vla_io.ImageAugment), as the release prepares images: per camera,
+    letterbox to the model's aspect ratio, crop `crop_fraction` of each side (random place with `augment`,
+    the same for every camera of a sample as the release's replayed crop, else the centre), resize to the
+    model's image size; with `augment` the release's color jitter; then normalize and stack.
+
+    Random draws come from each sample's `sample_seed` (a function of the run's seed, the epoch and the
+    sample's place in the epoch's global order, hence of the rank): identical after a resume, different
+    on every rank.
+    """
     import vla_io
 
     spec = processor.image_spec
@@ -176,12 +231,17 @@ def device_augment(processor, enabled: bool):
     config = vla_io.ImageTransformConfig(
         size=spec.size,
         crop_scale=(area, area),
-        crop_ratio=(1.0, 1.0),
+        crop_ratio=None,  # the letterboxed frame's ratio, which is the output's
+        crop_position="random" if augment else "center",
+        letterbox=spec.letterbox,
+        same_across_views=True,
         mean=(spec.mean,) * 3,
         std=(spec.std,) * 3,
-        **RELEASE_JITTER,
+        **(RELEASE_JITTER if augment else {}),
     )
-    return vla_io.ImageAugment(config, keys=["images"], stack_as="pixel_values")
+    return vla_io.ImageAugment(
+        config, keys=list(CAMERA_SLOTS[:num_cameras]), backend=backend, stack_as="pixel_values"
+    )
 
 
 class PipelineSource:

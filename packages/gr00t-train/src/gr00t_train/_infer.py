@@ -97,8 +97,8 @@ def evaluate(
 
     def transform(raw: dict) -> dict:
         out = to_model(raw)
-        out["raw_state"], out["raw_action"] = raw["observation.state"], raw["action"]
-        out["action_is_pad"] = raw["action_is_pad"]
+        out["raw_state"], out["raw_action"] = data.raw_state(raw), data.raw_action(raw)
+        out["action_is_pad"] = data.action_is_pad(raw)
         return out
 
     pipeline = vla_io.Pipeline(

@@ -29,6 +29,8 @@ _EXPORTS = {
     "available_backends": "._decode",
     "open_reader": "._decode",
     "FrameCache": "._cache",
+    "dataset_stats": "._dataset_stats",
+    "user_cache_dir": "._user_cache",
     "SynthConfig": "._synth",
     "SYNTH_PRESETS": "._synth",
     "write_synthetic_dataset": "._synth",
@@ -71,9 +73,11 @@ __all__ = [
     "available_backends",
     "check_dataset",
     "collate",
+    "dataset_stats",
     "open_reader",
     "read_frame_marker",
     "sample_params",
+    "user_cache_dir",
     "write_synthetic_dataset",
 ]
 
@@ -98,6 +102,7 @@ if TYPE_CHECKING:
     from ._check import check_dataset
     from ._collate import collate
     from ._dataset import LeRobotDataset
+    from ._dataset_stats import dataset_stats
     from ._decode import available_backends, open_reader
     from ._errors import (
         DatasetFormatError,
@@ -115,3 +120,4 @@ if TYPE_CHECKING:
     from ._sampler import EpochSampler
     from ._synth import PRESETS as SYNTH_PRESETS
     from ._synth import SynthConfig, read_frame_marker, write_synthetic_dataset
+    from ._user_cache import user_cache_dir

@@ -16,6 +16,7 @@ import numpy as np
 from ._sampler import mix64
 
 OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
+CROP_POSITIONS = ("random", "center")
 
 
 @dataclass(kw_only=True)
@@ -31,6 +32,12 @@ class ImageTransformConfig:
     """Range of the fraction of the source area a random crop keeps; (1, 1) resizes the whole frame."""
     crop_ratio: tuple[float, float] | None = None
     """Range of crop aspect ratios (width / height); None keeps the source's ratio."""
+    crop_position: str = "random"
+    """Where the crop box sits: "random" (uniform over the frame) or "center" (e.g. for evaluation, with
+    a fixed `crop_scale`)."""
+    letterbox: bool = False
+    """Pad each frame with black bars, centred, to the aspect ratio of `size` before cropping, so frames
+    of any shape are never stretched (some VLA models' preprocessing pads every camera to a square)."""
     brightness: float = 0.0
     """Brightness factor drawn from [1 - brightness, 1 + brightness]."""
     contrast: float = 0.0
@@ -58,6 +65,10 @@ class ImageTransformConfig:
         if not 0 < lo <= hi <= 1:
             raise ValueError(
                 f"ImageTransformConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}"
+            )
+        if self.crop_position not in CROP_POSITIONS:
+            raise ValueError(
+                f"ImageTransformConfig.crop_position must be one of {CROP_POSITIONS}, got {self.crop_position!r}"
             )
         if self.crop_ratio is not None and not 0 < self.crop_ratio[0] <= self.crop_ratio[1]:
             raise ValueError(
@@ -129,8 +140,10 @@ def _draw(cfg: ImageTransformConfig, u: np.ndarray, height: int, width: int) -> 
     ratio = np.exp(between(math.log(lo), math.log(hi), u[:, 1]))
     w = np.minimum(float(width), np.sqrt(area * ratio))
     h = np.minimum(float(height), np.sqrt(area / ratio))
-    x0 = np.where(w < width, u[:, 2] * (width - w), 0.0)
-    y0 = np.where(h < height, u[:, 3] * (height - h), 0.0)
+    # "center": the position draws become one half (the other draws keep their streams)
+    ux, uy = (u[:, 2], u[:, 3]) if cfg.crop_position == "random" else (0.5, 0.5)
+    x0 = np.where(w < width, ux * (width - w), 0.0)
+    y0 = np.where(h < height, uy * (height - h), 0.0)
     return np.stack(
         [
             y0, x0, y0 + h, x0 + w,

@@ -1,7 +1,7 @@
 """An optional cache of decoded frames: uint8 memory-mapped arrays at training resolution.
 
 `FrameCache.build(dataset, size=(224, 224))` decodes every frame of the dataset's video keys once, resizes it
-and writes `<cache_dir>/<key>.u8` plus a manifest (written last, so an interrupted build is never used).
+and writes `<cache_dir>/<key>.npy` plus a manifest (written last, so an interrupted build is never used).
 `FrameCache.open(...)` checks the manifest against the dataset (episodes, lengths, video file sizes and
 modification times) and re-decodes a few random frames to compare them with the cached ones; `attach`
 makes the dataset read those keys from the cache instead of decoding.
@@ -21,15 +21,17 @@ import torch
 
 from ._augment_torch import resize_uint8
 from ._errors import DatasetFormatError
+from ._user_cache import dataset_folder, user_cache_dir
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = 1
 
 
-def _default_dir(dataset: Any, size: tuple[int, int] | None) -> Path:
+def default_dir(dataset: Any, size: tuple[int, int] | None) -> Path:
+    """`user_cache_dir()/frames/<dataset name>-<path hash>/frames-<size>`: never inside the dataset."""
     tag = "source" if size is None else f"{size[0]}x{size[1]}"
-    return Path(dataset.root) / ".vla_io_cache" / f"frames-{tag}"
+    return user_cache_dir() / "frames" / dataset_folder(dataset.root) / f"frames-{tag}"
 
 
 def _fingerprint(dataset: Any, keys: Sequence[str]) -> dict[str, Any]:
@@ -68,7 +70,7 @@ class FrameCache:
         from tqdm.auto import tqdm
 
         keys = list(keys or dataset.video_keys)
-        directory = Path(directory or _default_dir(dataset, size))
+        directory = Path(directory or default_dir(dataset, size))
         directory.mkdir(parents=True, exist_ok=True)
         (directory / MANIFEST).unlink(missing_ok=True)
         n = len(dataset)
@@ -105,7 +107,7 @@ class FrameCache:
         check_frames: int = 4,
     ) -> FrameCache:
         """Open a cache built for this dataset, validated against the source files and a few decoded frames."""
-        directory = Path(directory or _default_dir(dataset, size))
+        directory = Path(directory or default_dir(dataset, size))
         path = directory / MANIFEST
         if not path.exists():
             raise FileNotFoundError(f"{path}: no frame cache here (build it with FrameCache.build)")

@@ -10,11 +10,11 @@ exactly, and `synchronous=True` produces the same batches in the caller's thread
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -32,17 +32,36 @@ _STATE_FIELDS = (
 )  # fmt: skip
 
 
+class _Background:
+    """The threads and workers a Pipeline runs. Stopped by `Pipeline.close()`, when the Pipeline is garbage
+    collected, and at interpreter exit (a `weakref.finalize`): a daemon thread still inside a torch op when
+    Python shuts down is killed there, which aborts the process ("terminate called without an active
+    exception"). The finalizer holds this object, never the Pipeline, so the Pipeline stays collectable."""
+
+    def __init__(self) -> None:
+        self.producer: Producer | None = None
+        self.lock = threading.Lock()
+
+    def stop(self) -> None:
+        with self.lock:
+            producer, self.producer = self.producer, None
+        if producer is not None:
+            producer.close()
+
+
 class Pipeline:
     """Batches of `dataset`, delivered on `device`, one epoch per iteration.
 
     ```python
-    pipe = Pipeline(dataset, batch_size=16, transform=processor, device_transform=augment,
-                    num_workers=8, seed=0, rank=rank, world_size=world_size)
-    for batch in pipe:           # one epoch; the next `for` continues with the next epoch
-        loss = model(**batch)
+    with Pipeline(dataset, batch_size=16, transform=processor, device_transform=augment,
+                  num_workers=8, seed=0, rank=rank, world_size=world_size) as pipe:
+        for batch in pipe:       # one epoch; the next `for` continues with the next epoch
+            loss = model(**batch)
     ```
     `dataset` needs `__len__` and `get_batch(indices)` (like `LeRobotDataset`) or `__getitem__`.
     Every batch carries `sample_seed` (int64, one per sample) for reproducible random augmentation.
+    Background threads and workers stop on `close()` (or leaving the `with` block), when the pipeline is
+    garbage collected, or at interpreter exit.
     """
 
     def __init__(
@@ -89,8 +108,8 @@ class Pipeline:
         self._epoch, self._batch = 0, 0
         self._stats = WaitStats()
         self._skips = SkipLog()
-        self._producer: Producer | None = None
-        self._lock = threading.Lock()
+        self._background = _Background()
+        self._finalizer = weakref.finalize(self, self._background.stop)
 
     # -- iteration ------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -143,16 +162,22 @@ class Pipeline:
         self._stats.add("device", time.perf_counter() - start)
         return batch
 
+    @property
+    def _producer(self) -> Producer | None:
+        """The running background levels, if any (tests and benchmarks inspect them)."""
+        return self._background.producer
+
     def _ensure_producer(self) -> Producer:
-        with self._lock:
-            if self._producer is None:
-                self._producer = Producer(
+        background = self._background
+        with background.lock:
+            if background.producer is None:
+                background.producer = Producer(
                     self.dataset, self.sampler, self.config, (self._epoch, self._batch),
                     transform=self.transform, device_transform=self.device_transform,
                     h2d=HostToDevice(self.device, self.config.device_buffers + 2), stats=self._stats,
                     skips=self._skips,
                 )  # fmt: skip
-            return self._producer
+            return background.producer
 
     # -- checkpointing --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -197,10 +222,7 @@ class Pipeline:
         self._stats.reset()
 
     def _stop_producer(self) -> None:
-        with self._lock:
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.close()
+        self._background.stop()
 
     def close(self) -> None:
         """Stop threads and workers. Iterating again starts them afresh at the current position."""
@@ -211,7 +233,3 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._marker import draw_marker, marker_cell, read_marker
+from ._marker import ROWS, draw_marker, marker_cell, read_marker
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ LIBERO_TASKS = (
     "pick up the alphabet soup and place it in the basket",
     "turn on the stove",
 )
-VERSIONS = ("v2.1", "v3.0")
+VERSIONS = ("v2.0", "v2.1", "v3.0")
 CODECS = ("av1", "h264")
 
 
@@ -41,9 +41,12 @@ class SynthConfig:
     fps: int = 20
     """Frames per second of the data and the videos."""
     image_size: int = 256
-    """Height and width of every camera (>= 64; 64 makes fast CPU demos)."""
+    """Height and width of every camera (>= 64; 64 makes fast CPU demos), unless `camera_sizes` is set."""
     cameras: tuple[str, ...] = ("image", "wrist_image")
     """Camera names; features are `observation.images.<name>`."""
+    camera_sizes: tuple[tuple[int, int], ...] | None = None
+    """(height, width) of each camera, in `cameras` order: cameras of mixed sizes and aspect ratios. Even
+    numbers, width >= 64, height >= width / 4 (room for the frame marker). None: `image_size` squares."""
     state_dim: int = 8
     """Size of `observation.state`."""
     action_dim: int = 7
@@ -51,7 +54,8 @@ class SynthConfig:
     tasks: tuple[str, ...] = LIBERO_TASKS
     """Task strings; episode e performs task e % len(tasks)."""
     version: str = "v2.1"
-    """LeRobot layout: "v2.1" (a file per episode) or "v3.0" (episodes concatenated in shared files)."""
+    """LeRobot layout: "v2.0" / "v2.1" (a file per episode; v2.0 without per-episode statistics) or
+    "v3.0" (episodes concatenated in shared files)."""
     codec: str = "av1"
     """Video codec: "av1" (LeRobot's default) or "h264"."""
     gop: int = 2
@@ -60,6 +64,14 @@ class SynthConfig:
     """v3.0 only: episodes per data/video file, so small datasets still span several files."""
     seed: int = 0
     """Seed of the image texture and the smooth state/action curves."""
+    modality: bool = True
+    """Write a `meta/modality.json` (named slices of the state/action vectors); False: a plain LeRobot dataset."""
+    stats: bool = True
+    """Write statistics (`meta/stats.json`, v2.1's `episodes_stats.jsonl`, v3.0's per-episode `stats/*`
+    columns); False writes none, like a dataset whose statistics were never computed."""
+    grouped_names: bool = False
+    """Declare the `names` of `observation.state` and `action` as named groups ({"eef_pos": [...], ...},
+    LIBERO-like where the sizes allow it) instead of one flat list."""
 
     def __post_init__(self) -> None:
         if self.version not in VERSIONS:
@@ -69,17 +81,34 @@ class SynthConfig:
         for name in ("episodes", "episode_length", "fps", "gop", "episodes_per_file"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SynthConfig.{name} must be >= 1, got {getattr(self, name)}")
-        marker_cell(self.image_size)  # raises for images too small to carry a marker
-        if self.image_size % 2:
-            raise ValueError(f"SynthConfig.image_size must be even (yuv420p), got {self.image_size}")
         if not 1 <= len(self.cameras) <= 16:
             raise ValueError(f"SynthConfig.cameras must name 1 to 16 cameras, got {len(self.cameras)}")
+        self.cameras = tuple(self.cameras)
+        if self.camera_sizes is not None:
+            self.camera_sizes = tuple((int(h), int(w)) for h, w in self.camera_sizes)
+            if len(self.camera_sizes) != len(self.cameras):
+                raise ValueError(
+                    f"SynthConfig.camera_sizes gives {len(self.camera_sizes)} sizes for {len(self.cameras)} cameras"
+                )
+        for height, width in self.sizes():
+            name = "camera_sizes" if self.camera_sizes else "image_size"
+            cell = marker_cell(width)  # raises for images too small to carry a marker
+            if height % 2 or width % 2:
+                raise ValueError(f"SynthConfig.{name} must be even (yuv420p), got {height}x{width}")
+            if height < ROWS * cell:
+                raise ValueError(
+                    f"SynthConfig.{name}: {height}x{width} is too flat for the frame marker "
+                    f"(height >= {ROWS * cell} at width {width})"
+                )
         if self.state_dim < 3 or self.action_dim < 3:
             raise ValueError("SynthConfig.state_dim and action_dim must be >= 3 (they carry row indices)")
         if not self.tasks:
             raise ValueError("SynthConfig.tasks must name at least one task")
-        self.cameras = tuple(self.cameras)
         self.tasks = tuple(self.tasks)
+
+    def sizes(self) -> list[tuple[int, int]]:
+        """(height, width) of every camera, in `cameras` order."""
+        return list(self.camera_sizes or [(self.image_size, self.image_size)] * len(self.cameras))
 
     def lengths(self) -> list[int]:
         """Length of every episode."""
@@ -111,12 +140,13 @@ class ContentGenerator:
     def __init__(self, cfg: SynthConfig) -> None:
         self.cfg = cfg
         rng = np.random.default_rng(cfg.seed)
-        size = cfg.image_size
         # a smooth random texture per camera, rolled over time: motion a codec can predict, like a scene
-        noise = rng.integers(0, 256, size=(len(cfg.cameras), size // 8, size // 8), dtype=np.uint8)
-        self._texture = np.repeat(np.repeat(noise, 8, axis=1), 8, axis=2)
-        yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
-        self._yy, self._xx = yy, xx
+        sizes = cfg.sizes()
+        blocks = (-(-max(h for h, _ in sizes) // 8), -(-max(w for _, w in sizes) // 8))
+        noise = rng.integers(0, 256, size=(len(cfg.cameras), *blocks), dtype=np.uint8)
+        texture = np.repeat(np.repeat(noise, 8, axis=1), 8, axis=2)
+        self._texture = [texture[c, :h, :w] for c, (h, w) in enumerate(sizes)]
+        self._grid = [np.mgrid[0:h, 0:w].astype(np.float32) for h, w in sizes]
         self._phases = rng.uniform(0, 2 * np.pi, size=(max(cfg.state_dim, cfg.action_dim),))
 
     def rows(self, episode: int, start_index: int, length: int) -> dict[str, np.ndarray]:
@@ -144,9 +174,10 @@ class ContentGenerator:
     def frame(self, camera: int, episode: int, frame_index: int, global_index: int) -> np.ndarray:
         """One (H, W, 3) uint8 frame."""
         p = 0.15 * frame_index + episode + camera
-        img = np.empty((self.cfg.image_size, self.cfg.image_size, 3), dtype=np.uint8)
-        img[..., 0] = (128 + 90 * np.sin(self._xx * 0.04 + p)).astype(np.uint8)
-        img[..., 1] = (128 + 90 * np.sin(self._yy * 0.05 - 0.7 * p)).astype(np.uint8)
+        yy, xx = self._grid[camera]
+        img = np.empty((*yy.shape, 3), dtype=np.uint8)
+        img[..., 0] = (128 + 90 * np.sin(xx * 0.04 + p)).astype(np.uint8)
+        img[..., 1] = (128 + 90 * np.sin(yy * 0.05 - 0.7 * p)).astype(np.uint8)
         img[..., 2] = np.roll(self._texture[camera], shift=2 * frame_index, axis=1)
         draw_marker(img, global_index * 16 + camera)
         return img
@@ -158,7 +189,7 @@ def write_synthetic_dataset(
     """Write a synthetic LeRobot dataset (v2.1 or v3.0 layout, real mp4 files) under `root`.
 
     Besides the LeRobot files it writes `meta/stats.json` and a `meta/modality.json` that names slices of
-    the state and action vectors. Returns the root path.
+    the state and action vectors (unless `stats` / `modality` are off). Returns the root path.
     """
     from ._synth_layout import write_layout
 

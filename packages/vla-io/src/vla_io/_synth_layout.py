@@ -27,58 +27,54 @@ def _video_key(camera: str) -> str:
 
 
 def _features(cfg: SynthConfig) -> dict:
-    size = cfg.image_size
-    video_info = {
-        "video.height": size,
-        "video.width": size,
-        "video.codec": cfg.codec,
-        "video.pix_fmt": "yuv420p",
-        "video.is_depth_map": False,
-        "video.fps": cfg.fps,
-        "video.channels": 3,
-        "video.g": cfg.gop,
-        "has_audio": False,
-    }
-    features: dict[str, dict] = {
-        _video_key(c): {
+    features: dict[str, dict] = {}
+    for camera, (height, width) in zip(cfg.cameras, cfg.sizes()):
+        features[_video_key(camera)] = {
             "dtype": "video",
-            "shape": [size, size, 3],
+            "shape": [height, width, 3],
             "names": ["height", "width", "channels"],
-            "info": dict(video_info),
+            "info": {
+                "video.height": height,
+                "video.width": width,
+                "video.codec": cfg.codec,
+                "video.pix_fmt": "yuv420p",
+                "video.is_depth_map": False,
+                "video.fps": cfg.fps,
+                "video.channels": 3,
+                "video.g": cfg.gop,
+                "has_audio": False,
+            },
         }
-        for c in cfg.cameras
-    }
-    features["observation.state"] = {
-        "dtype": "float32",
-        "shape": [cfg.state_dim],
-        "names": [f"state_{i}" for i in range(cfg.state_dim)],
-    }
-    features["action"] = {
-        "dtype": "float32",
-        "shape": [cfg.action_dim],
-        "names": [f"action_{i}" for i in range(cfg.action_dim)],
-    }
+    for key, dim, groups in (
+        ("observation.state", cfg.state_dim, _STATE_GROUPS),
+        ("action", cfg.action_dim, _ACTION_GROUPS),
+    ):
+        names = [f"{key.split('.')[-1]}_{i}" for i in range(dim)]
+        if cfg.grouped_names:  # LeRobot allows a dict of name lists; each list is a group of the vector
+            names = {name: names[s:e] for name, s, e in _groups(dim, groups, key.split(".")[-1])}
+        features[key] = {"dtype": "float32", "shape": [dim], "names": names}
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
     for name in ("frame_index", "episode_index", "index", "task_index"):
         features[name] = {"dtype": "int64", "shape": [1], "names": None}
     return features
 
 
+_STATE_GROUPS = [("eef_pos", 0, 3), ("eef_axis_angle", 3, 6), ("gripper", 6, 8)]
+_ACTION_GROUPS = [("eef_delta_pos", 0, 3), ("eef_delta_rot", 3, 6), ("gripper", 6, 7)]
+
+
+def _groups(dim: int, named: list[tuple[str, int, int]], fallback: str) -> list[tuple[str, int, int]]:
+    """LIBERO-like named slices where the size allows it, else one slice."""
+    return named if named[-1][2] == dim else [(fallback, 0, dim)]
+
+
 def _modality(cfg: SynthConfig) -> dict:
-    """Named slices of the vectors, LIBERO-like where the sizes allow it, else one slice each."""
-
-    def slices(dim: int, named: list[tuple[str, int, int]], fallback: str) -> dict:
-        if named[-1][2] == dim:
-            return {name: {"start": s, "end": e} for name, s, e in named}
-        return {fallback: {"start": 0, "end": dim}}
-
+    """Named slices of the vectors (meta/modality.json), LIBERO-like where the sizes allow it."""
     return {
-        "state": slices(
-            cfg.state_dim, [("eef_pos", 0, 3), ("eef_axis_angle", 3, 6), ("gripper", 6, 8)], "state"
-        ),
-        "action": slices(
-            cfg.action_dim, [("eef_delta_pos", 0, 3), ("eef_delta_rot", 3, 6), ("gripper", 6, 7)], "action"
-        ),
+        "state": {n: {"start": s, "end": e} for n, s, e in _groups(cfg.state_dim, _STATE_GROUPS, "state")},
+        "action": {
+            n: {"start": s, "end": e} for n, s, e in _groups(cfg.action_dim, _ACTION_GROUPS, "action")
+        },
         "video": {c: {"original_key": _video_key(c)} for c in cfg.cameras},
         "annotation": {"human.task_description": {"original_key": "task_index"}},
     }
@@ -137,7 +133,7 @@ def _info(cfg: SynthConfig, lengths: list[int]) -> dict:
         "fps": cfg.fps,
         "splits": {"train": f"0:{cfg.episodes}"},
     }
-    if cfg.version == "v2.1":
+    if cfg.version != "v3.0":
         info.update(
             total_videos=cfg.episodes * len(cfg.cameras),
             total_chunks=(cfg.episodes - 1) // CHUNK_SIZE + 1,
@@ -160,13 +156,15 @@ def write_layout(root: Path, cfg: SynthConfig, gen: ContentGenerator, progress: 
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
     collector = _Collector(cfg)
     episodes = tqdm(range(cfg.episodes), desc=f"synth {cfg.version} {cfg.codec}", disable=not progress)
-    if cfg.version == "v2.1":
+    if cfg.version != "v3.0":
         _write_v21(root, cfg, gen, lengths, starts, collector, episodes)
     else:
         _write_v30(root, cfg, gen, lengths, starts, collector, episodes)
     _write_json(root / "meta/info.json", _info(cfg, lengths))
-    _write_json(root / "meta/stats.json", stats_to_json(collector.stats()))
-    _write_json(root / "meta/modality.json", _modality(cfg))
+    if cfg.stats:
+        _write_json(root / "meta/stats.json", stats_to_json(collector.stats()))
+    if cfg.modality:
+        _write_json(root / "meta/modality.json", _modality(cfg))
 
 
 def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
@@ -181,11 +179,11 @@ def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
         ep_stats = {
             k: feature_stats(v.reshape(len(v), -1) if v.ndim == 1 else v, False) for k, v in rows.items()
         }
-        for cam_i, cam in enumerate(cfg.cameras):
+        for cam_i, (cam, (height, width)) in enumerate(zip(cfg.cameras, cfg.sizes())):
             key = _video_key(cam)
             sampled = []
             video = root / V21_VIDEO.format(episode_chunk=chunk, video_key=key, episode_index=ep)
-            with VideoWriter(video, cfg.codec, cfg.fps, cfg.image_size, cfg.image_size, cfg.gop) as writer:
+            with VideoWriter(video, cfg.codec, cfg.fps, width, height, cfg.gop) as writer:
                 for f, image in _episode_frames(gen, cfg, cam_i, ep, starts[ep], lengths[ep]):
                     writer.write(image)
                     collector.frame(key, f, image)
@@ -196,7 +194,8 @@ def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
         episode_rows.append({"episode_index": ep, "tasks": [task], "length": lengths[ep]})
         episode_stats.append({"episode_index": ep, "stats": stats_to_json(ep_stats)})
     _write_json(root / "meta/episodes.jsonl", episode_rows, lines=True)
-    _write_json(root / "meta/episodes_stats.jsonl", episode_stats, lines=True)
+    if cfg.stats and cfg.version == "v2.1":  # v2.0 has only the global stats.json
+        _write_json(root / "meta/episodes_stats.jsonl", episode_stats, lines=True)
     tasks = [{"task_index": i, "task": t} for i, t in enumerate(cfg.tasks)]
     _write_json(root / "meta/tasks.jsonl", tasks, lines=True)
 
@@ -213,17 +212,17 @@ class _V30Files:
     def open(self, chunk: int, file: int) -> None:
         self.close()
         self.where = (chunk, file)
-        size, cfg = self.cfg.image_size, self.cfg
+        cfg = self.cfg
         self.writers = {
             k: VideoWriter(
                 self.root / V30_VIDEO.format(video_key=k, chunk_index=chunk, file_index=file),
                 cfg.codec,
                 cfg.fps,
-                size,
-                size,
+                width,
+                height,
                 cfg.gop,
             )
-            for k in self.keys
+            for k, (height, width) in zip(self.keys, cfg.sizes())
         }
 
     def close(self) -> None:
@@ -269,7 +268,7 @@ def _write_v30(root, cfg, gen, lengths, starts, collector, episodes) -> None:
             row[f"videos/{key}/file_index"] = file
             row[f"videos/{key}/from_timestamp"] = begin
             row[f"videos/{key}/to_timestamp"] = writer.frames_written / cfg.fps
-        for name, values in rows.items():
+        for name, values in rows.items() if cfg.stats else ():
             flat = values.reshape(len(values), -1) if values.ndim == 1 else values
             for stat, value in feature_stats(flat, False).items():
                 row[f"stats/{name}/{stat}"] = np.asarray(value, dtype=np.float64).reshape(-1).tolist()

@@ -22,12 +22,36 @@ def _synth(args: argparse.Namespace) -> int:
         }.items()
         if value is not None
     }  # fmt: skip
+    if args.cameras:
+        changes.update(_camera_options(args.cameras))
+    for flag, field in (("no_modality", "modality"), ("no_stats", "stats")):
+        if getattr(args, flag):
+            changes[field] = False
+    if args.grouped_names:
+        changes["grouped_names"] = True
     config = PRESETS[args.preset].with_(**changes)
     root = write_synthetic_dataset(args.path, config, overwrite=args.overwrite)
     print(
         f"wrote {config.episodes} episodes ({sum(config.lengths())} frames, {config.version}, {config.codec}) to {root}"
     )
     return 0
+
+
+def _camera_options(text: str) -> dict:
+    """ "front=96x128,wrist=64x64" (or plain names) -> SynthConfig fields."""
+    names, sizes = [], []
+    for item in text.split(","):
+        name, _, size = item.strip().partition("=")
+        names.append(name)
+        if size:
+            try:
+                height, width = (int(v) for v in size.lower().split("x"))
+            except ValueError:
+                raise ValueError(f"--cameras: {item!r} is not NAME=HEIGHTxWIDTH") from None
+            sizes.append((height, width))
+    if sizes and len(sizes) != len(names):
+        raise ValueError(f"--cameras: give a size for every camera or for none, got {text!r}")
+    return {"cameras": tuple(names), **({"camera_sizes": tuple(sizes)} if sizes else {})}
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -84,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--fps", type=int)
     synth.add_argument("--seed", type=int)
+    synth.add_argument(
+        "--cameras", help="camera names, optionally with sizes: front=480x640,wrist=256x256 (HEIGHTxWIDTH)"
+    )
+    synth.add_argument("--no-modality", action="store_true", help="no meta/modality.json (plain LeRobot)")
+    synth.add_argument("--no-stats", action="store_true", help="no statistics files (stats.json etc.)")
+    synth.add_argument(
+        "--grouped-names", action="store_true", help="state/action `names` as named groups of joints"
+    )
     synth.add_argument("--overwrite", action="store_true")
     synth.set_defaults(run=_synth)
     info = sub.add_parser("info", help="print a dataset summary")
@@ -100,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="decode all frames once into a memory-mapped cache")
     cache.add_argument("path")
     cache.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to this (training) size")
-    cache.add_argument("--dir", help="cache directory (default: <dataset>/.vla_io_cache/frames-<size>)")
+    cache.add_argument(
+        "--dir", help="cache directory (default: in the user cache folder, see vla_io.user_cache_dir)"
+    )
     cache.set_defaults(run=_cache)
     libs = sub.add_parser(
         "ffmpeg-libs", help="link PyAV's bundled FFmpeg under standard names for torchcodec (LD_LIBRARY_PATH)"
