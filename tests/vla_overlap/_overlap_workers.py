@@ -712,3 +712,24 @@ def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
             "steps": [float(entry["step"]) for entry in saved["state"].values()],
         }
     return out
+
+
+def replayed_buffers(ctx: Any) -> dict[str, Any]:
+    """What a replayed CUDA graph leaves: gradients written into the buffers with no hook firing (Python did
+    not run), then the eager sync. The buffers are not zeroed at the step's start (overwrite_first_grad),
+    and the sync must not mistake them for stale values."""
+    module = make_model()
+    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    params = model.trainable_parameters()
+    x, y = batch(0, 0, ctx.rank, ctx.world_size)
+    F.mse_loss(model(x), y).backward()  # one ordinary step first, so the buffers hold old values
+    model.zero_grad_buffer()
+    written = []
+    for index, p in enumerate(params):
+        value = torch.full_like(p.main_grad, float(index + 1 + ctx.rank))
+        p.main_grad.copy_(value)
+        written.append(value)
+    model.start_grad_sync()
+    model.finish_grad_sync()
+    mean = [w - ctx.rank + (ctx.world_size - 1) / 2 for w in written]
+    return {"ok": all(torch.equal(p.main_grad, m) for p, m in zip(params, mean))}

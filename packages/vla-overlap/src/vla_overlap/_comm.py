@@ -97,7 +97,8 @@ class Communicator:
         if self.rank < 0:
             raise ValueError("this process is not a member of the given process_group")
         self._first_global_rank = dist.get_global_rank(self.group, 0)
-        self._recent = _RECENT
+        # Only gloo's threads free tensors late (see above); elsewhere keeping them would only hold memory.
+        self._recent = _RECENT if dist.get_backend(self.group) == "gloo" else deque(maxlen=0)
 
     @property
     def group(self) -> dist.ProcessGroup:

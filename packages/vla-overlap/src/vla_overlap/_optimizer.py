@@ -25,7 +25,7 @@ class DistributedAdamW(torch.optim.Optimizer):
 
     ``param_groups`` are the inner AdamW's groups (over shard pieces), so LR schedulers work as usual.
     fp32 parameters are their own master copy (their shard of the parameter buffer is stepped in place).
-    ``flat="auto"`` (with the default kernel choice, on CUDA with Triton) steps each bucket's shard in one
+    ``flat="auto"`` (unless foreach or unfused is asked for; on CUDA with Triton) steps each bucket's shard in one
     pass that also applies the clipping and writes the bf16 copy (FlatAdamW); "torch" runs that arithmetic
     in torch ops, None keeps torch's AdamW.
     """
@@ -82,8 +82,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._norm_order = sorted(
             range(len(self.pieces)), key=lambda i: (self.pieces[i][1].slot, self.pieces[i][1].param_start)
         )
-        default_kernel = fused is None and foreach is None
-        if default_kernel and model._device.type == "cuda":
+        if fused is None and foreach is None and model._device.type == "cuda":
             fused = True
         self.inner = torch.optim.AdamW(
             piece_groups,
@@ -102,7 +101,8 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._grads_ready = False
         self._masters_stale = False
         self._clip_coef: torch.Tensor | None = None
-        self.flat = self._make_flat(flat if (flat != "auto" or default_kernel) else None)
+        # "auto" leaves an explicit foreach or unfused choice alone
+        self.flat = self._make_flat(None if flat == "auto" and (foreach or fused is False) else flat)
 
     def _make_flat(self, flat: str | None) -> FlatAdamW | None:
         """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""

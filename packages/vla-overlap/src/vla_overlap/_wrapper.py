@@ -13,7 +13,7 @@ from torch import nn
 
 from ._comm import CommStream, Communicator
 from ._config import OverlapConfig
-from ._grad_buckets import GradBuckets
+from ._grad_buckets import GradBuckets, accumulate_into
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
 from ._sync import OverlapGradSync
@@ -264,17 +264,16 @@ class OverlapDataParallel(nn.Module):
 
     def _accumulate(self, slot: int, grad: torch.Tensor) -> None:
         """Add a gradient into its buffer; the step's first one is copied when buffers are not zeroed."""
-        target = self._grads.main_grads[slot]
-        if self._seen[slot] or not self.config.overwrite_first_grad:
-            target.add_(grad)
-        else:
-            target.copy_(grad)
+        first = not self._seen[slot] and self.config.overwrite_first_grad
+        accumulate_into(self._grads.main_grads[slot], grad, first)
         self._seen[slot] = True
 
     def _zero_unseen(self) -> None:
         """Buffers not zeroed at the step's start hold the last step's values until a gradient arrives:
-        clear those of parameters that got none this step before they are reduced."""
-        if self.config.overwrite_first_grad:
+        clear those of parameters that got none this step before they are reduced. Only when gradients
+        arrived through Python this step: after a replayed CUDA graph nothing did, and the buffers hold what
+        the graph's captured copies and adds wrote."""
+        if self.config.overwrite_first_grad and any(self._seen):
             for slot, seen in enumerate(self._seen):
                 if not seen:
                     self._grads.main_grads[slot].zero_()
