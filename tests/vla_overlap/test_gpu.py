@@ -126,7 +126,9 @@ def test_zero1_bf16_parameters_follow_fused_fp32_master_weights(nccl, gather_ove
 def test_explicit_grad_sync_is_capturable_in_a_cuda_graph(nccl, sharded: bool) -> None:
     """What a full-iteration graph replayer does: zero the buffers, accumulate into main_grad, reduce."""
     module = make()
-    model = OverlapDataParallel(module, OverlapConfig(bucket_size=100_000), process_group=nccl)
+    # it adds into main_grad itself: buffers zeroed at each step's start
+    config = OverlapConfig(bucket_size=100_000, overwrite_first_grad=False)
+    model = OverlapDataParallel(module, config, process_group=nccl)
     if sharded:
         DistributedAdamW(model, lr=1e-3)
     params = model.trainable_parameters()

@@ -6,7 +6,6 @@ bucket waits for all lower-numbered buckets to launch first; `launch_all()` laun
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -16,27 +15,11 @@ from ._layout import Layout
 
 
 def accumulate_into(target: torch.Tensor, grad: torch.Tensor, first: bool) -> None:
-    """target = grad (first) or target += grad. A bf16 gradient into an fp32 buffer on CUDA goes through a
-    Triton kernel when Triton is there: torch's mixed-dtype copy and add take an unvectorized path that
-    reaches about a quarter of the memory bandwidth (8 ms of an n1.6-3b step)."""
-    if grad.dtype != target.dtype and target.is_cuda and grad.is_contiguous() and target.is_contiguous():
-        kernel = _triton_accumulate()
-        if kernel is not None:
-            kernel(target, grad, first)
-            return
+    """target = grad (the step's first gradient, with buffers not zeroed) or target += grad."""
     if first:
         target.copy_(grad)
     else:
         target.add_(grad)
-
-
-@functools.cache
-def _triton_accumulate():
-    try:
-        from ._grad_kernel import accumulate
-    except ImportError:  # no Triton: torch's own kernels
-        return None
-    return accumulate
 
 
 class GradBuckets:

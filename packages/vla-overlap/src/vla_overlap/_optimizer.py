@@ -42,7 +42,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         amsgrad: bool = False,
         fused: bool | None = None,
         foreach: bool | None = None,
-        flat: str | None = "auto",
+        flat: str | None = None,
     ) -> None:
         if flat not in ("auto", "triton", "torch", None):
             raise ValueError(f"flat must be 'auto', 'triton', 'torch' or None, got {flat!r}")
