@@ -79,7 +79,12 @@ class OverlapDataParallel(nn.Module):
         self._slot_of = {id(p): i for i, p in enumerate(self._params)}
         self._stream = CommStream(self._device)
         self._grads = GradBuckets(
-            self.layout, [p.shape for p in self._params], self._device, self._comm, self._stream
+            self.layout,
+            [p.shape for p in self._params],
+            self._device,
+            self._comm,
+            self._stream,
+            self.config.reduce_dtype,
         )
         for param, main_grad in zip(self._params, self._grads.main_grads):
             param.main_grad = main_grad  # the accumulation target, also for callers that bypass hooks
