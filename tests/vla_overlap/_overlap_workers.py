@@ -733,3 +733,49 @@ def replayed_buffers(ctx: Any) -> dict[str, Any]:
     model.finish_grad_sync()
     mean = [w - ctx.rank + (ctx.world_size - 1) / 2 for w in written]
     return {"ok": all(torch.equal(p.main_grad, m) for p, m in zip(params, mean))}
+
+
+def bf16_wire(ctx: Any, sharded: bool) -> dict[str, Any]:
+    """Gradients accumulated in fp32 and reduced in bf16 (OverlapConfig.reduce_dtype): what each rank gets
+    vs the mean computed the way the wire computes it (each rank's 1/world-scaled fp32 bucket rounded to
+    bf16, summed in bf16), from every rank's known gradients."""
+    module = make_model()
+    config = OverlapConfig(bucket_size=600, reduce_dtype=torch.bfloat16, overwrite_first_grad=False)
+    model = OverlapDataParallel(module, config, process_group=ctx.group)
+    if sharded:
+        DistributedAdamW(model, **ADAMW)
+    params = model.trainable_parameters()
+
+    def grads_of(rank: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(100 + rank)
+        return [torch.randn(p.shape, generator=gen) for p in params]
+
+    model.zero_grad_buffer()
+    for p, g in zip(params, grads_of(ctx.rank)):
+        p.main_grad.add_(g)
+    model.start_grad_sync()
+    model.finish_grad_sync()
+    assert all(w is None or w.dtype == torch.bfloat16 for w in model._grads.wire)
+    total = None
+    for rank in range(ctx.world_size):
+        scaled = [(g * (1.0 / ctx.world_size)).bfloat16() for g in grads_of(rank)]
+        total = (
+            scaled if total is None else [(t.float() + s.float()).bfloat16() for t, s in zip(total, scaled)]
+        )
+    expected = [t.float() for t in total]
+    layout = model.layout
+    ok = True
+    for p, want in zip(params, expected):
+        got = p.main_grad
+        if sharded:  # only this rank's shard of each bucket is reduced
+            spec = layout.buckets[layout.slots[model._slot_of[id(p)]].bucket]
+            lo, hi = spec.shard_range(ctx.rank, ctx.world_size)
+            where = layout.slots[model._slot_of[id(p)]]
+            first, last = max(lo, where.start), min(hi, where.start + where.numel)
+            if first >= last:
+                continue
+            window = slice(first - where.start, last - where.start)
+            ok &= torch.equal(got.reshape(-1)[window], want.reshape(-1)[window])
+        else:
+            ok &= torch.equal(got, want)
+    return {"ok": bool(ok)}

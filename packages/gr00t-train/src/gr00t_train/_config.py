@@ -181,6 +181,9 @@ class OptimizationsConfig(_Section):
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
+    grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype gradients travel in between ranks (bfloat16: half the bytes); they accumulate in fp32 either
+    way. Not with comm=ddp."""
     sync_in_graph: bool = True
     """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
     graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
@@ -193,6 +196,11 @@ class OptimizationsConfig(_Section):
             not self.bf16_weights or self.comm == "zero1_overlap",
             "bf16_weights",
             f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
+        )
+        require(
+            self.comm != "ddp" or self.grad_reduce_dtype == "float32",
+            "grad_reduce_dtype",
+            "bfloat16 reduction needs one of our comm modes (overlap, zero1_overlap, allreduce_after_backward)",
         )
         require(
             self.comm != "ddp" or self.graph == "eager",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,7 +79,12 @@ class OverlapDataParallel(nn.Module):
         self._slot_of = {id(p): i for i, p in enumerate(self._params)}
         self._stream = CommStream(self._device)
         self._grads = GradBuckets(
-            self.layout, [p.shape for p in self._params], self._device, self._comm, self._stream
+            self.layout,
+            [p.shape for p in self._params],
+            self._device,
+            self._comm,
+            self._stream,
+            self.config.reduce_dtype,
         )
         for param, main_grad in zip(self._params, self._grads.main_grads):
             param.main_grad = main_grad  # the accumulation target, also for callers that bypass hooks
@@ -211,8 +217,14 @@ class OverlapDataParallel(nn.Module):
 
     # ------------------------------------------------------------------------------------ gradient hooks
     def _make_grad_hook(self, slot: int) -> Any:
+        # Hooks live on the parameters, out of the garbage collector's sight: a strong reference back to
+        # the wrapper would keep it, its buffers and the model alive after the last user reference is gone.
+        wrapper = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
-            self._on_grad(slot, param)
+            owner = wrapper()
+            if owner is not None:
+                owner._on_grad(slot, param)
 
         return hook
 
@@ -303,9 +315,9 @@ class OverlapDataParallel(nn.Module):
         # Reading or loading parameters through (sub)module state dicts must not race pending gathers, and
         # parameters loaded in place make the optimizer's fp32 master weights stale.
         for module in {self.module, *(m for m, _ in self._modules_with_params())}:
-            module.register_state_dict_pre_hook(lambda *_: self.finish_param_sync())
-            module.register_load_state_dict_pre_hook(lambda *_: self.finish_param_sync())
-            module.register_load_state_dict_post_hook(lambda *_: optimizer.mark_params_changed())
+            module.register_state_dict_pre_hook(_weak_call(self, "finish_param_sync"))
+            module.register_load_state_dict_pre_hook(_weak_call(self, "finish_param_sync"))
+            module.register_load_state_dict_post_hook(_weak_call(optimizer, "mark_params_changed"))
         return self._gather
 
     def _start_param_gather(self) -> None:
@@ -327,8 +339,11 @@ class OverlapDataParallel(nn.Module):
             module.register_forward_pre_hook(self._make_gather_hook(buckets))
 
     def _make_gather_hook(self, buckets: list[int]) -> Any:
+        wrapper = weakref.ref(self)  # see _make_grad_hook
+
         def hook(module: nn.Module, args: Any) -> None:
-            gather = self._gather
+            owner = wrapper()
+            gather = owner._gather if owner is not None else None
             if gather is not None and gather.pending:
                 for bucket in buckets:
                     gather.ensure(bucket)
@@ -359,3 +374,15 @@ class OverlapDataParallel(nn.Module):
         for t in chunk:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def _weak_call(owner: Any, method: str) -> Any:
+    """A hook calling `owner.<method>()` without keeping `owner` alive (see _make_grad_hook)."""
+    ref = weakref.ref(owner)
+
+    def hook(*_: Any) -> None:
+        target = ref()
+        if target is not None:
+            getattr(target, method)()
+
+    return hook
