@@ -5,55 +5,69 @@
 #   - torch==2.14.1 by default ($TORCH_SPEC overrides): a CUDA build that also runs on CPU; torchcodec 0.17 needs it
 #   - FFmpeg shared libraries for torchcodec, taken from PyAV's wheel (no root, no system packages): symlinks
 #     under .venv/ffmpeg put on LD_LIBRARY_PATH. PyAV and torchcodec then decode with the very same FFmpeg.
-set -eo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${VLA_VENV:-$repo/.venv}
-python=${PYTHON:-python3}
-torch_spec=${TORCH_SPEC:-torch==2.14.1}
+# Sourced into the caller's shell: no `set -e` / `pipefail` here (they would stay set in that shell, and a
+# failing command would close an interactive one). Every step that can fail returns 1 with a message.
+_vla_env_main() {
+  local repo venv python torch_spec stamp
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd) || return 1
+  venv=${VLA_VENV:-$repo/.venv}
+  python=${PYTHON:-python3}
+  torch_spec=${TORCH_SPEC:-torch==2.14.1}
 
-"$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
-  echo "error: $python is $("$python" --version 2>&1); this project needs Python >= 3.10 (set PYTHON=...)" >&2
-  return 1 2>/dev/null || exit 1
-}
-if [ ! -x "$venv/bin/python" ]; then
-  echo "[env] creating $venv"
-  "$python" -m venv "$venv" 2>/dev/null || {
-    # Debian/Ubuntu ship python3 without ensurepip unless python3-venv is installed.
-    "$python" -m pip install -q --user virtualenv && "$python" -m virtualenv -q "$venv"
+  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
+    echo "error: $python is $("$python" --version 2>&1); this project needs Python >= 3.10 (set PYTHON=...)" >&2
+    return 1
   }
-fi
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "[env] creating $venv"
+    "$python" -m venv "$venv" 2>/dev/null || {
+      # Debian/Ubuntu ship python3 without ensurepip unless python3-venv is installed.
+      "$python" -m pip install -q --user virtualenv && "$python" -m virtualenv -q "$venv"
+    } || { echo "error: cannot create $venv" >&2; return 1; }
+  fi
 
-# Reinstall only when a package manifest or this script changed.
-stamp="$venv/.vla-installed-$(cat "$repo"/packages/*/pyproject.toml "${BASH_SOURCE[0]}" | cksum | cut -d' ' -f1)"
-if [ ! -f "$stamp" ]; then
-  echo "[env] installing $torch_spec and the five packages into $venv (first run: a few minutes)"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "$torch_spec"
-  "$venv/bin/python" -m pip install -q \
-    -e "$repo/packages/vla-io[torchcodec,dali-cu13,test]" \
-    -e "$repo/packages/vla-overlap[test]" \
-    -e "$repo/packages/vla-graph[test]" \
-    -e "$repo/packages/gr00t-model[test]" \
-    -e "$repo/packages/gr00t-train[test]" \
-    hatchling ruff
-  rm -f "$venv"/.vla-installed-*
-  touch "$stamp"
-fi
+  # Reinstall only when a package manifest or this script changed.
+  stamp="$venv/.vla-installed-$(cat "$repo"/packages/*/pyproject.toml "${BASH_SOURCE[0]}" | cksum | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ]; then
+    echo "[env] installing $torch_spec and the five packages into $venv (first run: a few minutes)"
+    "$venv/bin/python" -m pip install -q --upgrade pip &&
+      "$venv/bin/python" -m pip install -q "$torch_spec" &&
+      "$venv/bin/python" -m pip install -q \
+        -e "$repo/packages/vla-io[torchcodec,dali-cu13,test]" \
+        -e "$repo/packages/vla-overlap[test]" \
+        -e "$repo/packages/vla-graph[test]" \
+        -e "$repo/packages/gr00t-model[test]" \
+        -e "$repo/packages/gr00t-train[test]" \
+        hatchling ruff || { echo "error: installing into $venv failed (see above)" >&2; return 1; }
+    rm -f "$venv"/.vla-installed-*
+    touch "$stamp"
+  fi
 
-# FFmpeg for torchcodec: PyAV bundles FFmpeg under hashed file names; link them to the sonames torchcodec asks for.
-shim="$venv/ffmpeg"
-avlibs=$("$venv/bin/python" -c 'import av, pathlib; print(pathlib.Path(av.__file__).parent.parent / "av.libs")')
-if [ -d "$avlibs" ] && [ ! -f "$shim/.done" ]; then
-  mkdir -p "$shim"
-  for lib in libavcodec libavformat libavutil libswscale libswresample libavdevice libavfilter; do
-    for f in "$avlibs"/$lib-*.so*; do
-      [ -e "$f" ] || continue
-      soname=$(basename "$f" | sed -E 's/-[0-9a-f]+\.so\.([0-9]+).*/.so.\1/')
-      ln -sf "$f" "$shim/$soname"
+  # FFmpeg for torchcodec: PyAV bundles FFmpeg under hashed file names; link them to the sonames torchcodec asks for.
+  local shim avlibs lib f soname
+  shim="$venv/ffmpeg"
+  avlibs=$("$venv/bin/python" -c 'import av, pathlib; print(pathlib.Path(av.__file__).parent.parent / "av.libs")') ||
+    { echo "error: PyAV is not importable in $venv" >&2; return 1; }
+  if [ -d "$avlibs" ] && [ ! -f "$shim/.done" ]; then
+    mkdir -p "$shim"
+    for lib in libavcodec libavformat libavutil libswscale libswresample libavdevice libavfilter; do
+      for f in "$avlibs"/$lib-*.so*; do
+        [ -e "$f" ] || continue
+        soname=$(basename "$f" | sed -E 's/-[0-9a-f]+\.so\.([0-9]+).*/.so.\1/')
+        ln -sf "$f" "$shim/$soname"
+      done
     done
-  done
-  touch "$shim/.done"
+    touch "$shim/.done"
+  fi
+  # av.libs too: the FFmpeg libraries find their own dependencies (libdrm, codecs) by their hashed names there.
+  export LD_LIBRARY_PATH="$shim:$avlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+}
+_vla_env_main "$@"
+_vla_env_status=$?
+unset -f _vla_env_main
+if [ "$_vla_env_status" -ne 0 ]; then
+  unset _vla_env_status
+  return 1 2>/dev/null || exit 1
 fi
-# av.libs too: the FFmpeg libraries find their own dependencies (libdrm, codecs) by their hashed names there.
-export LD_LIBRARY_PATH="$shim:$avlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+unset _vla_env_status

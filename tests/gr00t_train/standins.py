@@ -50,9 +50,10 @@ class SyntheticSource:
         if self.nan_at is not None and self.position == self.nan_at:
             x[0, 0] = float("nan")
         start = (self.position * self.batch_size) % 1000
-        ids = torch.arange(start, start + self.batch_size) // 2
+        ids = torch.arange(start, start + self.batch_size) // 2  # two frames per episode
+        frames = torch.arange(start, start + self.batch_size) % 2
         self.position += 1
-        return {"x": x, "y": x @ self.true_w, "episode_index": ids}
+        return {"x": x, "y": x @ self.true_w, "episode_index": ids, "frame_index": frames}
 
     def state_dict(self) -> dict:
         return {"position": self.position}

@@ -136,3 +136,48 @@ def test_overrides_do_not_mutate_the_base() -> None:
     base = TrainConfig()
     apply_overrides(base, ["data.batch_size=3", "optim.lr=1"])
     assert base.data.batch_size == 16 and base.optim.lr == 1e-4
+
+
+def _float_fields(cls: type, prefix: str = "") -> list[str]:
+    """Dotted names of every float-valued field (tuples of floats included), found by type, not by list."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    names = []
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            names += _float_fields(hint, f"{prefix}{field.name}.")
+        elif float in (hint, *typing.get_args(hint)):
+            names.append(f"{prefix}{field.name}")
+    return names
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
+def test_every_float_field_must_be_finite(value: str) -> None:
+    # nan and inf pass every `x > 0` style range check; optim.lr=inf used to train (and produce NaN weights).
+    fields = _float_fields(TrainConfig)
+    assert {"optim.lr", "optim.eps", "optim.betas", "data.worker_timeout_s", "logging.peak_tflops"} <= set(
+        fields
+    )
+    for name in fields:
+        override = f"{name}=[{value}, 0.5]" if name == "optim.betas" else f"{name}={value}"
+        with pytest.raises(ConfigError, match="expected a finite number") as info:
+            apply_overrides(TrainConfig(), [override])
+        assert info.value.field.startswith(name), (name, info.value.field)
+
+
+def test_run_folder_and_data_health_settings() -> None:
+    cfg = apply_overrides(
+        TrainConfig(),
+        ["data.worker_timeout_s=30", "data.max_bad_fraction=0", "checkpoint.existing_run=new_run"],
+    )
+    assert cfg.data.worker_timeout_s == 30.0 and cfg.data.max_bad_fraction == 0.0
+    assert cfg.checkpoint.existing_run == "new_run"
+    with pytest.raises(ConfigError, match="data.max_bad_fraction: must be in"):
+        apply_overrides(TrainConfig(), ["data.max_bad_fraction=1.5"])
+    with pytest.raises(ConfigError, match="data.worker_timeout_s: must be > 0"):
+        apply_overrides(TrainConfig(), ["data.worker_timeout_s=0"])
+    with pytest.raises(ConfigError, match="checkpoint.existing_run: 'keep' is not one of"):
+        apply_overrides(TrainConfig(), ["checkpoint.existing_run=keep"])

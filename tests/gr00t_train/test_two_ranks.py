@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import gr00t_train
 import pytest
 import torch
 
@@ -74,7 +75,7 @@ def _torchrun(script: Path, *args: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_rank_run_checkpoints_and_resumes(tmp_path) -> None:
+def test_two_rank_run_checkpoints_and_resumes(tmp_path, env, standins) -> None:
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(_WORKER.format(standins=str(STANDINS), tmp=str(tmp_path))))
     _torchrun(script)
@@ -104,3 +105,14 @@ def test_two_rank_run_checkpoints_and_resumes(tmp_path) -> None:
     _torchrun(script, str(ck))
     assert torch.equal(torch.load(tmp_path / "params-rank0.pt"), a)
     assert torch.equal(torch.load(tmp_path / "params-rank1.pt"), a)
+
+    # At another world size the data order and every rank's random streams cannot continue: exit 2 at the
+    # start (it used to warn "the run continues", then fail), naming both sizes and the way forward.
+    cfg = standins.small_config(
+        tmp_path, steps=6, checkpoint__resume="auto", optimizations__comm="zero1_overlap"
+    )
+    with pytest.raises(gr00t_train.ConfigError) as info:
+        gr00t_train.Trainer(cfg, standins.make_parts(), env).fit()
+    message = str(info.value)
+    assert "was written by 2 process(es) with data.batch_size=4; this run has 1 process(es)" in message
+    assert "--set model.checkpoint=" in message

@@ -29,7 +29,7 @@ def test_train_checkpoint_and_bit_exact_resume(dataset, tmp_path, train_args, lo
     assert main([*args, "--resume", str(step3)]) == 0
     assert losses(out) == reference
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5, 6, 4, 5, 6]
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5, 6]  # each step once: the resumed run's
     resumed = gr00t_model.from_pretrained(final)
     for a, b in zip(model.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
@@ -81,3 +81,10 @@ def test_demo_then_infer(dataset, tmp_path, capsys) -> None:
     assert set(report["mse"]) == {"eef_delta_pos", "eef_delta_rot", "gripper"}
     assert all(v >= 0 for v in report["mse"].values())
     assert set(report["mse_normalized"]) == set(report["mse"]) and 0 < report["mse_normalized_all"] < 10
+
+    # Running the demo again starts over in the same folder (a training run there would refuse to).
+    again = ["demo", "--out", str(out), "--dataset", str(dataset)]
+    for item in ["steps=2", *sets[1:]]:
+        again += ["--set", item]
+    assert main(again) == 0
+    assert sorted(p.name for p in (out / "run" / "checkpoints").iterdir()) == ["step_000002"]

@@ -568,6 +568,33 @@ def compare_build_modes(ctx: Any) -> dict[str, Any]:
     return out
 
 
+class Scalars(nn.Module):
+    """Seven one-element parameters whose gradients are exactly the given constants."""
+
+    def __init__(self, grads: list[float]) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(1)) for _ in grads)
+        self.register_buffer("grads", torch.tensor(grads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(w * g for w, g in zip(self.weights, self.grads)) + 0 * x.sum()
+
+
+def clip_norm_order(ctx: Any) -> dict[str, float]:
+    """The global norm each mode's clip reports for gradients [1, b, b, b, b, b, b] with b = 0.875 * 2**-12:
+    summed in registration order (torch) the six b**2 vanish one by one next to 1 (the total is 1.0); summed
+    the other way round they add up to two ulps of 1 first (the total is 1 + 2**-23). Exact in float32 on
+    any CPU: seven values stay in the scalar tail of every vectorized norm kernel, and every square is exact."""
+    grads = [1.0] + [0.875 * 2.0**-12] * 6
+    out = {}
+    for mode in vla_overlap.COMM_MODES:
+        model, opt = vla_overlap.build_data_parallel(Scalars(grads), mode, process_group=ctx.group, **ADAMW)
+        model.zero_grad()
+        model(torch.zeros(1)).backward()
+        out[mode] = float(vla_overlap.clip_grad_norm_(model, opt, max_norm=10.0))
+    return out
+
+
 def warnings_during_training(ctx: Any) -> list[str]:
     """Every warning raised while training zero1 with an LR scheduler (deprecated collective names, a
     scheduler that believes optimizer.step() was skipped, ...)."""
@@ -706,6 +733,52 @@ def replayed_buffers(ctx: Any) -> dict[str, Any]:
     model.finish_grad_sync()
     mean = [w - ctx.rank + (ctx.world_size - 1) / 2 for w in written]
     return {"ok": all(torch.equal(p.main_grad, m) for p, m in zip(params, mean))}
+
+
+def bf16_wire(ctx: Any, sharded: bool) -> dict[str, Any]:
+    """Gradients accumulated in fp32 and reduced in bf16 (OverlapConfig.reduce_dtype): what each rank gets
+    vs the mean computed the way the wire computes it (each rank's 1/world-scaled fp32 bucket rounded to
+    bf16, summed in bf16), from every rank's known gradients."""
+    module = make_model()
+    config = OverlapConfig(bucket_size=600, reduce_dtype=torch.bfloat16, overwrite_first_grad=False)
+    model = OverlapDataParallel(module, config, process_group=ctx.group)
+    if sharded:
+        DistributedAdamW(model, **ADAMW)
+    params = model.trainable_parameters()
+
+    def grads_of(rank: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(100 + rank)
+        return [torch.randn(p.shape, generator=gen) for p in params]
+
+    model.zero_grad_buffer()
+    for p, g in zip(params, grads_of(ctx.rank)):
+        p.main_grad.add_(g)
+    model.start_grad_sync()
+    model.finish_grad_sync()
+    assert all(w is None or w.dtype == torch.bfloat16 for w in model._grads.wire)
+    total = None
+    for rank in range(ctx.world_size):
+        scaled = [(g * (1.0 / ctx.world_size)).bfloat16() for g in grads_of(rank)]
+        total = (
+            scaled if total is None else [(t.float() + s.float()).bfloat16() for t, s in zip(total, scaled)]
+        )
+    expected = [t.float() for t in total]
+    layout = model.layout
+    ok = True
+    for p, want in zip(params, expected):
+        got = p.main_grad
+        if sharded:  # only this rank's shard of each bucket is reduced
+            spec = layout.buckets[layout.slots[model._slot_of[id(p)]].bucket]
+            lo, hi = spec.shard_range(ctx.rank, ctx.world_size)
+            where = layout.slots[model._slot_of[id(p)]]
+            first, last = max(lo, where.start), min(hi, where.start + where.numel)
+            if first >= last:
+                continue
+            window = slice(first - where.start, last - where.start)
+            ok &= torch.equal(got.reshape(-1)[window], want.reshape(-1)[window])
+        else:
+            ok &= torch.equal(got, want)
+    return {"ok": bool(ok)}
 
 
 # ---------------------------------------------------------------------------- edge cases (issue 14, item 8)

@@ -14,7 +14,16 @@ from ._config import (
 )
 from ._config_io import apply_overrides, config_from_dict, config_to_dict, load_config
 from ._distributed import DistEnv, init_distributed, shutdown_distributed
-from ._errors import BatchTooLargeError, ConfigError, DataError, NonFiniteLossError
+from ._errors import (
+    BatchTooLargeError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteLossError,
+    NonFiniteWeightsError,
+    RunFolderError,
+    TrainingInterrupted,
+)
 from ._infer import EvalReport, evaluate
 from ._metrics import RunSummary, StepRecord
 from ._parts import BatchSource, TrainParts
@@ -28,6 +37,7 @@ __all__ = [
     "BatchSource",
     "BatchTooLargeError",
     "CheckpointConfig",
+    "CheckpointError",
     "Checkpointer",
     "ConfigError",
     "CosineSchedule",
@@ -38,13 +48,16 @@ __all__ = [
     "LoggingConfig",
     "ModelConfig",
     "NonFiniteLossError",
+    "NonFiniteWeightsError",
     "OptimConfig",
     "OptimizationsConfig",
+    "RunFolderError",
     "RunSummary",
     "StepRecord",
     "TrainConfig",
     "TrainParts",
     "Trainer",
+    "TrainingInterrupted",
     "__version__",
     "apply_overrides",
     "config_from_dict",

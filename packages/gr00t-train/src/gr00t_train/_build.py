@@ -84,6 +84,8 @@ def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
         shuffle=cfg.data.shuffle,
         device=str(env.device),
         synchronous=cfg.optimizations.data == "sync",
+        timeout_s=cfg.data.worker_timeout_s,
+        skip_bad_samples=True,  # counted against data.max_bad_fraction by the loop
         **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
     )
     if len(pipeline) == 0:

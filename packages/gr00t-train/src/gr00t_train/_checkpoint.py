@@ -1,5 +1,7 @@
 """Checkpoints written atomically: everything goes into a temporary folder that is renamed into place only
-when complete, so a run killed mid-save leaves the previous checkpoint intact. Keeps the newest N.
+when complete, so a run killed mid-save leaves the previous checkpoint intact. Keeps the newest N of the
+run that wrote them (each run has an id, recorded in its checkpoints; other runs' files are never touched).
+A manifest of sizes and hashes lets a resume skip a damaged checkpoint for the newest intact one.
 
 Layout of `<dir>/step_000100/`:
     model files          written by the model's own saver (gr00t_model: config.json + model.safetensors)
@@ -7,10 +9,12 @@ Layout of `<dir>/step_000100/`:
     trainer_state.json   step, samples seen, world size, lr schedule, metrics
     optimizer.pt         optimizer state (rank 0; vla_overlap's ZeRO-1 state_dict is gathered, full size)
     rank00000.pt         per-rank random state (python, numpy, torch CPU/CUDA) and data-pipeline state
+    manifest.json        size and SHA-256 of every file above, written last
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -23,11 +27,16 @@ from typing import Any
 
 import torch
 
+from ._errors import CheckpointError
+from ._manifest import MANIFEST, check_manifest, write_manifest
+
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 TRAIN_CONFIG = "train_config.json"
+ANY_RUN = "<any run>"
+"""`Checkpointer.all(ANY_RUN)`: checkpoints of every run (None selects those written before runs had ids)."""
 
 
 def step_dir_name(step: int) -> str:
@@ -55,11 +64,14 @@ class Checkpointer:
         keep_last: int,
         rank: int = 0,
         barrier: Callable[[], None] = lambda: None,
+        run_id: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
         self.rank = rank
         self.barrier = barrier
+        self.run_id = run_id
+        """The run whose checkpoints this object writes, prunes and cleans up after (None: unnamed)."""
 
     # ----------------------------------------------------------------------------------------- saving
     def save(
@@ -72,33 +84,62 @@ class Checkpointer:
         trainer_state: dict[str, Any],
         config: dict[str, Any],
     ) -> Path:
-        """Write the checkpoint of `step`; returns its final folder."""
+        """Write the checkpoint of `step`; returns its final folder. A full disk (or any other write error)
+        raises CheckpointError naming the folder; the partial save is removed, earlier checkpoints stay."""
         final = self.root / step_dir_name(step)
-        tmp = self.root / f".tmp-{final.name}"
-        if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-        self.barrier()
-        rank_file = f"rank{self.rank:05d}.pt"
-        _torch_save(rank_state, tmp / rank_file)
-        if self.rank == 0:
-            _torch_save(optimizer_state, tmp / "optimizer.pt")
-            write_model(tmp)
-            _write_json(tmp / TRAIN_CONFIG, config)
-            _write_json(tmp / TRAINER_STATE, trainer_state)
-        self.barrier()
-        if self.rank == 0:
-            _fsync_tree(tmp)
-            self._publish(tmp, final)
-            self._prune()
+        tmp = (
+            self.root / f".tmp-{self.run_id}-{final.name}"
+            if self.run_id
+            else self.root / f".tmp-{final.name}"
+        )
+        try:
+            if self.rank == 0:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._refuse_foreign(final)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+            self.barrier()
+            rank_file = f"rank{self.rank:05d}.pt"
+            _torch_save(rank_state, tmp / rank_file)
+            if self.rank == 0:
+                _torch_save(optimizer_state, tmp / "optimizer.pt")
+                write_model(tmp)
+                _write_json(tmp / TRAIN_CONFIG, config)
+                _write_json(tmp / TRAINER_STATE, {**trainer_state, "run_id": self.run_id})
+            self.barrier()
+            if self.rank == 0:
+                write_manifest(tmp, {"step": step, "run_id": self.run_id})  # hashes what is on disk
+                _fsync_tree(tmp)
+                self._publish(tmp, final)
+                self._prune()
+        except Exception as err:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # free the space a partial save took
+            reason = _disk_full(err, self.root)
+            if reason is None:
+                raise
+            kept = [p.name for p in self.all(self.run_id)] or ["none"]
+            raise CheckpointError(
+                f"cannot write checkpoint {final}: {reason}. The partial save was removed; earlier "
+                f"checkpoints are intact ({', '.join(kept)}). Free space on that disk, lower "
+                "checkpoint.keep_last or point checkpoint.dir elsewhere, then continue with --resume."
+            ) from err
         self.barrier()
         return final
+
+    def _refuse_foreign(self, final: Path) -> None:
+        """Never replace another run's checkpoint of the same step."""
+        owner = checkpoint_run_id(final) if (final / TRAINER_STATE).is_file() else self.run_id
+        if owner != self.run_id:
+            raise CheckpointError(
+                f"{final} belongs to run {owner}, not to this run ({self.run_id}); it is left alone. "
+                "Use another checkpoint.dir, or start with --new-run / --overwrite."
+            )
 
     def _publish(self, tmp: Path, final: Path) -> None:
         old = None
         if final.exists():
-            old = final.with_name(f".old-{final.name}")
+            old = final.with_name(f".old-{self.run_id}-{final.name}" if self.run_id else f".old-{final.name}")
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
         os.rename(tmp, final)
@@ -108,23 +149,27 @@ class Checkpointer:
         log.info("saved checkpoint %s", final)
 
     def _prune(self) -> None:
-        for path in self.all()[: -self.keep_last]:
+        for path in self.all(self.run_id)[: -self.keep_last]:
             shutil.rmtree(path, ignore_errors=True)
             log.info("removed old checkpoint %s (checkpoint.keep_last=%d)", path, self.keep_last)
 
     def remove_partial(self) -> list[Path]:
-        """Delete leftovers of saves that were killed before completing (rank 0); returns what was removed."""
+        """Delete leftovers of this run's saves that were killed before completing (rank 0); returns what was
+        removed. Another run's leftovers are left alone: it may be alive, writing into a shared folder."""
         if self.rank != 0 or not self.root.is_dir():
             return []
-        stale = [p for p in self.root.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+        mine = (
+            (f".tmp-{self.run_id}-", f".old-{self.run_id}-") if self.run_id else (".tmp-step_", ".old-step_")
+        )
+        stale = [p for p in self.root.iterdir() if p.name.startswith(mine)]
         for path in stale:
             log.warning("removing incomplete checkpoint %s (a save was interrupted)", path)
             shutil.rmtree(path, ignore_errors=True)
         return stale
 
     # ---------------------------------------------------------------------------------------- loading
-    def all(self) -> list[Path]:
-        """Complete checkpoints under the root, oldest first."""
+    def all(self, run_id: str | None = ANY_RUN) -> list[Path]:
+        """Complete checkpoints under the root, oldest first; with `run_id`, only that run's."""
         if not self.root.is_dir():
             return []
         found = [
@@ -132,12 +177,24 @@ class Checkpointer:
             for p in self.root.iterdir()
             if (m := _STEP_DIR.match(p.name)) and (p / TRAINER_STATE).is_file()
         ]
-        return [p for _, p in sorted(found)]
+        paths = [p for _, p in sorted(found)]
+        return paths if run_id == ANY_RUN else [p for p in paths if checkpoint_run_id(p) == run_id]
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
         found = self.all()
         return found[-1] if found else None
+
+    def newest_intact(self, run_id: str | None = ANY_RUN) -> tuple[Path | None, list[str]]:
+        """The newest checkpoint (of `run_id`, if given) that matches its manifest, and one line per newer
+        checkpoint that was skipped, saying why."""
+        skipped = []
+        for path in reversed(self.all(run_id)):
+            reason = verify_checkpoint(path)
+            if reason is None:
+                return path, skipped
+            skipped.append(f"skipped checkpoint {path}: {reason}")
+        return None, skipped
 
     def load(self, path: str | Path) -> LoadedCheckpoint:
         """Read this rank's part of a checkpoint."""
@@ -158,13 +215,66 @@ class Checkpointer:
         return LoadedCheckpoint(path, trainer_state, optimizer_state, _torch_load(rank_file))
 
 
+def checkpoint_run_id(path: Path) -> str | None:
+    """The id of the run that wrote a checkpoint (None: written before runs had ids). The manifest says it
+    too, for a checkpoint whose trainer_state.json is damaged."""
+    for name in (TRAINER_STATE, MANIFEST):
+        try:
+            return json.loads((path / name).read_text())["run_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be resumed from, or None when it is intact."""
+    if not (path / TRAINER_STATE).is_file():
+        return f"{TRAINER_STATE} is missing (an incomplete save)"
+    reason = check_manifest(path)
+    if reason is not None:
+        return reason
+    try:
+        state = json.loads((path / TRAINER_STATE).read_text())
+        int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{TRAINER_STATE} is unreadable ({type(err).__name__}: {err})"
+    return None
+
+
+def _disk_full(err: BaseException | None, root: Path) -> str | None:
+    """A message if `err` (or what it was raised from) means the disk is full. torch's zip writer replaces
+    the OSError with a RuntimeError on its way out; safetensors keeps only the text."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{os.strerror(err.errno)} ({errno.errorcode[err.errno]}, writing {err.filename or root})"
+        text = str(err)
+        if "No space left on device" in text or "os error 28" in text:
+            return f"No space left on device (ENOSPC; {type(err).__name__}: {text.strip()[:200]})"
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
 def _torch_save(obj: Any, path: Path) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
+    # Through a file object: a failed write raises OSError with its errno (given a path, torch's zip writer
+    # raises a bare RuntimeError), named here with the file it was writing.
+    try:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from err
+    except RuntimeError as err:
+        cause = err.__context__
+        if isinstance(cause, OSError) and cause.filename is None:
+            raise OSError(cause.errno, cause.strerror, str(path)) from err
+        raise
 
 
 def _torch_load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path}: {type(err).__name__}: {err}") from err
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -37,9 +37,9 @@ def run_demo(out: Path, dataset: Path | None, overrides: list[str]) -> int:
         print(f"[demo] wrote a synthetic LIBERO-like dataset to {data_dir} (2 cameras 64x64, 440 frames)")
     else:
         print(f"[demo] using the dataset at {data_dir}")
-    cfg = apply_overrides(
-        demo_config(), [f"data.dataset={data_dir}", f"output_dir={out / 'run'}", *overrides]
-    )
+    # A demo starts over each time (the previous demo run is replaced), unless told otherwise.
+    base = [f"data.dataset={data_dir}", f"output_dir={out / 'run'}", "checkpoint.existing_run=overwrite"]
+    cfg = apply_overrides(demo_config(), [*base, *overrides])
     print(f"[demo] training the `tiny` GR00T N1.6 model for {cfg.steps} steps (device: {cfg.device})")
     summary = run_training(cfg)
     print(summary.table())

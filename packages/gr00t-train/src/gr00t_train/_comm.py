@@ -63,6 +63,7 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
         bucket_size=max(1, int(opts.bucket_mb * 2**20 / 4)),  # MiB of fp32 gradients -> elements
         # Forward pre-hooks (Python) do not fire during graph replay: gather parameters in step() instead.
         overlap_param_gather=not graphs,
+        reduce_dtype=torch.bfloat16 if opts.grad_reduce_dtype == "bfloat16" else None,
     )
     # Autograd nodes the wrapper keeps must live on the capture stream, or capture fails (vla_graph README).
     where = vla_graph.capture_stream() if graphs and env.device.type == "cuda" else nullcontext()

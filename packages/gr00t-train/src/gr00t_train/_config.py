@@ -65,9 +65,18 @@ class DataConfig(_Section):
     """Random crop + color jitter during training, as the release fine-tunes."""
     shuffle: bool = True
     """Shuffle the sample order (seeded; resumable)."""
+    worker_timeout_s: float = 120.0
+    """Stop with an error when a data worker has not delivered a batch for this long (a stalled decoder)."""
+    max_bad_fraction: float = 0.01
+    """Samples whose video fails to decode are skipped (replaced by another sample, with a warning per
+    episode); the run stops (exit 2) once more than this fraction of the samples seen was skipped."""
 
     def _check(self) -> None:
         require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        timeout = self.worker_timeout_s
+        require(timeout > 0, "worker_timeout_s", f"must be > 0 seconds, got {timeout}")
+        bad = self.max_bad_fraction
+        require(0 <= bad <= 1, "max_bad_fraction", f"must be in [0, 1] (0 = stop at the first), got {bad}")
         require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
         require(self.prefetch >= 1, "prefetch", f"must be >= 1, got {self.prefetch}")
         horizon = self.action_horizon
@@ -172,6 +181,9 @@ class OptimizationsConfig(_Section):
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
+    grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype gradients travel in between ranks (bfloat16: half the bytes); they accumulate in fp32 either
+    way. Not with comm=ddp."""
     sync_in_graph: bool = True
     """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
     graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
@@ -184,6 +196,11 @@ class OptimizationsConfig(_Section):
             not self.bf16_weights or self.comm == "zero1_overlap",
             "bf16_weights",
             f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
+        )
+        require(
+            self.comm != "ddp" or self.grad_reduce_dtype == "float32",
+            "grad_reduce_dtype",
+            "bfloat16 reduction needs one of our comm modes (overlap, zero1_overlap, allreduce_after_backward)",
         )
         require(
             self.comm != "ddp" or self.graph == "eager",
@@ -206,7 +223,10 @@ class CheckpointConfig(_Section):
     save_final: bool = True
     """Save after the last step."""
     resume: str | None = None
-    """Resume from a checkpoint folder, or `auto` for the newest one in `dir`; None = start fresh."""
+    """Resume from a checkpoint folder, or `auto` for the newest intact one in `dir`; None = start fresh."""
+    existing_run: Literal["error", "new_run", "overwrite"] = "error"
+    """A fresh run into a folder that holds another run's files: error (exit 2), new_run (move them to
+    `previous-runs/<run id>/` and start afresh) or overwrite (delete them). `--new-run`, `--overwrite`."""
 
     def _check(self) -> None:
         require(self.every >= 0, "every", f"must be >= 0 (0 = only at the end), got {self.every}")

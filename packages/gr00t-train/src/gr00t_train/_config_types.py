@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from typing import Any, Literal, Union
@@ -85,6 +86,8 @@ def _as_number(value: Any, kind: type, name: str) -> Any:
         value = int(value)
     if (kind is int and not isinstance(value, int)) or not isinstance(value, (int, float)):
         raise ConfigError(name, f"expected {what}, got {value!r}")
+    if not math.isfinite(value):  # nan and inf pass every `>` range check, so refuse them here
+        raise ConfigError(name, f"expected a finite number, got {value!r}")
     return kind(value)
 
 

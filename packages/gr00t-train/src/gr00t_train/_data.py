@@ -31,6 +31,7 @@ KEEP_KEYS = (
     "action_mask",
     "embodiment_id",
     "episode_index",
+    "frame_index",
 )
 """What the training step receives of a pipeline batch (tensors only: graphs need fixed inputs)."""
 RELEASE_JITTER = {"brightness": 0.1, "contrast": 0.1, "saturation": 0.1, "hue": 36.0}
@@ -207,6 +208,8 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
         real = (~data.action_is_pad(raw).bool()).to(out["action_mask"].dtype)
         out["action_mask"][:, :horizon] *= real[:, :, None]
         out["episode_index"] = raw["episode_index"]
+        if "frame_index" in raw:  # names the frame of a sample with a NaN
+            out["frame_index"] = raw["frame_index"]
         if "sample_seed" in raw:  # vla_io.Pipeline's batches carry it; a plain DataLoader's do not
             out["sample_seed"] = raw["sample_seed"]
         return out

@@ -1,7 +1,8 @@
 """Process group set-up from torchrun's environment variables: NCCL on GPU, gloo on CPU, same code.
 
 A single process without torchrun still gets a one-rank group, so every communication mode runs
-(and is measured) the same way at any world size."""
+(and is measured) the same way at any world size. Rank 0 speaks for the run: other ranks log warnings and
+errors only, each line prefixed with its rank, so torchrun's merged output carries no duplicate lines."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import gc
 import logging
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +39,14 @@ class DistEnv:
         if dist.is_initialized() and self.world_size > 1:
             dist.barrier()
 
+    def broadcast_object(self, obj: object) -> object:
+        """Rank 0's `obj` on every rank (picklable; `obj` of other ranks is ignored)."""
+        if dist.is_initialized() and self.world_size > 1:
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        return obj
+
     def all_reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
         """Mean over ranks, in place; returns the tensor."""
         if dist.is_initialized() and self.world_size > 1:
@@ -61,6 +71,7 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = resolve_device(device_preference, local_rank)
+    quiet_other_ranks(rank)
     owns = False
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -74,9 +85,38 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
             raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set: launch with torchrun")
         owns = True
         log.info("process group: backend %s, rank %d of %d, device %s", backend, rank, world_size, device)
+        if world_size > 1:
+            log.info("ranks 1..%d log warnings and errors only, prefixed with their rank", world_size - 1)
     else:
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank, world_size, local_rank, device, owns)
+
+
+class _RankPrefix(logging.Filter):
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "_rank_prefixed", False):  # one record passes every handler
+            record.msg = f"[rank {self.rank}] {record.msg}"
+            record._rank_prefixed = True
+        return True
+
+
+def quiet_other_ranks(rank: int) -> None:
+    """On ranks other than 0: warnings and errors only, prefixed with the rank; Python warnings (the same on
+    every rank, e.g. deprecations) are left to rank 0."""
+    if rank == 0:
+        return
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    if not root.handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for handler in root.handlers:
+        if not any(isinstance(f, _RankPrefix) for f in handler.filters):
+            handler.addFilter(_RankPrefix(rank))
+    warnings.simplefilter("ignore")
 
 
 def shutdown_distributed(env: DistEnv) -> None:

@@ -19,20 +19,29 @@ class ConfigError(ValueError):
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; carries the step and the episode ids of the offending batch."""
 
-    def __init__(self, step: int, value: float, episode_ids: list[int] | None, rank: int = 0) -> None:
+    def __init__(
+        self,
+        step: int,
+        value: float,
+        episode_ids: list[int] | None,
+        rank: int = 0,
+        bad_samples: str | None = None,
+    ) -> None:
         self.step = step
         self.value = value
         self.episode_ids = episode_ids
         self.rank = rank
+        self.bad_samples = bad_samples
         where = (
             f"episode ids {episode_ids}"
             if episode_ids
             else "episode ids unknown (batch has no episode_index)"
         )
-        super().__init__(
-            f"loss is {value} at step {step} (rank {rank}); the batch came from {where}. "
-            "Check those episodes for NaN/inf state or action values, or lower optim.lr."
-        )
+        if bad_samples:  # the samples that carry the NaN/inf, by episode and frame
+            hint = f"{bad_samples}. Fix or drop those frames (`vla-io check` lists them)."
+        else:
+            hint = "Check those episodes for NaN/inf state or action values, or lower optim.lr."
+        super().__init__(f"loss is {value} at step {step} (rank {rank}); the batch came from {where}. {hint}")
 
 
 class BatchTooLargeError(RuntimeError):
@@ -50,3 +59,28 @@ class BatchTooLargeError(RuntimeError):
 
 class DataError(RuntimeError):
     """The dataset cannot be used as configured (missing files, statistics or cameras)."""
+
+
+class RunFolderError(ConfigError):
+    """The output or checkpoint folder is in use by another live run, or holds another run's files."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written (disk full, permissions) or none can be resumed from; the message
+    names the folder or file and the reason."""
+
+
+class NonFiniteWeightsError(FloatingPointError):
+    """The model's weights became NaN or infinite: no checkpoint is written from them."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT stopped training after a checkpoint was saved (`checkpoint` is None when there was
+    nothing new to save)."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: str | None) -> None:
+        self.signal_name = signal_name
+        self.step = step
+        self.checkpoint = checkpoint
+        saved = f"saved checkpoint {checkpoint}" if checkpoint else "no new step to save"
+        super().__init__(f"{signal_name} at step {step}: {saved}; continue with --resume")

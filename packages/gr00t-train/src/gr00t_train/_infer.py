@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from ._config import TrainConfig
 from ._config_io import config_from_dict, read_config_file
 from ._distributed import resolve_device
 from ._errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,9 +57,14 @@ def find_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / TRAIN_CONFIG).is_file():
         return path
-    latest = Checkpointer(path, keep_last=1).latest()
-    if latest is None:
+    checkpoints = Checkpointer(path, keep_last=1)
+    if checkpoints.latest() is None:
         raise DataError(f"--checkpoint: {path} is neither a checkpoint nor a folder of checkpoints")
+    latest, skipped = checkpoints.newest_intact()
+    for line in skipped:
+        log.warning("%s", line)
+    if latest is None:
+        raise DataError(f"--checkpoint: no intact checkpoint in {path}: " + "; ".join(skipped))
     return latest
 
 

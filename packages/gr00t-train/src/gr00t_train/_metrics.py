@@ -92,6 +92,8 @@ class RunSummary:
     """Host-to-device copy + device transform per step, on the pipeline's own thread (overlapped)."""
     optimizer_overlapped_s: float = 0.0
     """GPU time of the optimizer step on its side stream, overlapping the next step (optimizer_overlap)."""
+    skipped_samples: int = 0
+    """Samples whose video failed to decode, replaced by others (all ranks, the whole run)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -113,6 +115,7 @@ class RunSummary:
         rows.append(("h2d (overlapped)", f"{1000 * self.h2d_s:.1f} ms"))
         if self.optimizer_overlapped_s:
             rows.append(("optimizer (overlapped)", f"{1000 * self.optimizer_overlapped_s:.1f} ms"))
+        rows.append(("skipped samples", f"{self.skipped_samples} (failed to decode)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
@@ -169,6 +172,8 @@ class MetricsLogger:
         if not enabled:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if start_step:  # a resume: steps logged after the checkpoint are run again, so drop them here
+            _truncate_history(self.out_dir / "metrics.jsonl", start_step)
         self._jsonl = open(self.out_dir / "metrics.jsonl", "a" if start_step else "w")  # noqa: SIM115
         if tensorboard:
             self._tb = _tensorboard_writer(self.out_dir / "tensorboard")
@@ -204,6 +209,22 @@ class MetricsLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _truncate_history(path: Path, last_step: int) -> None:
+    """Keep only the lines of steps <= last_step (and nothing torn by a kill mid-write)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line)["step"]) <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.replace(path)
 
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,9 @@ import torch
 
 from ._config import TrainConfig
 from ._distributed import init_distributed, shutdown_distributed
+from ._errors import DataError
 from ._metrics import RunSummary
+from ._run_folder import claim_run
 from ._trainer import Trainer
 
 
@@ -20,14 +22,35 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     env = init_distributed(cfg.device)
     if env.device.type == "cpu":
         share_cpu_cores(cfg)
-    if not env.is_main:
-        logging.getLogger().setLevel(logging.WARNING)  # one voice: rank 0 logs
     try:
-        parts = build_parts(cfg, env)
-        summary = Trainer(cfg, parts, env).fit()
+        # Before anything heavy: the folder lock, other runs' files, the checkpoint to resume from.
+        run = claim_run(cfg, env)
+        try:
+            parts = build_parts(cfg, env)
+            summary = Trainer(cfg, parts, env).fit()  # fit() gets the same claim back
+        finally:
+            run.release()
+    except Exception as err:
+        stalled = _stalled_worker(err, cfg)
+        if stalled is None:
+            raise
+        raise stalled from err
     finally:
         shutdown_distributed(env)
     return summary if env.is_main else None
+
+
+def _stalled_worker(err: Exception, cfg: TrainConfig) -> DataError | None:
+    """The pipeline's timeout, told in gr00t-train's terms (the setting to raise is data.worker_timeout_s)."""
+    from vla_io import WorkerTimeoutError
+
+    if not isinstance(err, WorkerTimeoutError):
+        return None
+    return DataError(
+        f"a data worker stalled: {err.detail}, longer than data.worker_timeout_s={cfg.data.worker_timeout_s:g} s. "
+        "A hung decoder or a very slow disk are likely causes; raise data.worker_timeout_s if loading is "
+        "just slow"
+    )
 
 
 def share_cpu_cores(cfg: TrainConfig) -> None:

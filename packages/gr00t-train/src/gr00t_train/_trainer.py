@@ -15,15 +15,24 @@ import torch
 import vla_overlap
 
 from .__about__ import __version__
+from ._backends import BackendSwitches
 from ._checkpoint import Checkpointer
 from ._comm import plan_grad_sync
 from ._config import TrainConfig
 from ._config_io import config_to_dict, write_config_json
 from ._distributed import DistEnv
-from ._errors import BatchTooLargeError, ConfigError, NonFiniteLossError
+from ._errors import (
+    BatchTooLargeError,
+    CheckpointError,
+    ConfigError,
+    NonFiniteLossError,
+    TrainingInterrupted,
+)
 from ._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
 from ._parts import Batch, TrainParts, episode_ids
 from ._rng import rng_state, seed_everything, set_rng_state
+from ._run_checks import RunChecks, SampleTags, check_weights_finite, describe_nonfinite, tag_samples
+from ._run_folder import claim_run
 from ._schedule import CosineSchedule
 from ._step import graphed_runner
 from ._timing import StepTimer, StepTimes
@@ -41,13 +50,7 @@ class _Pending:
     lr: float
     episode_index: list[Any]
     times: StepTimes
-
-
-def configure_backends(cfg: TrainConfig) -> None:
-    """TF32 and cuDNN autotuning as the switches say."""
-    torch.backends.cuda.matmul.allow_tf32 = cfg.optimizations.tf32
-    torch.backends.cudnn.allow_tf32 = cfg.optimizations.tf32
-    torch.backends.cudnn.benchmark = cfg.optimizations.cudnn_benchmark
+    samples: list[SampleTags]
 
 
 class Trainer:
@@ -60,7 +63,8 @@ class Trainer:
         env: DistEnv,
     ) -> None:
         self.cfg, self.parts, self.env = cfg, parts, env
-        configure_backends(cfg)
+        self.backends = BackendSwitches(cfg)  # TF32 / cuDNN switches: set by fit(), restored when it ends
+        self.checks = RunChecks(cfg, env)
         seed_everything(cfg.seed + env.rank)
         self.compiled_blocks = self._maybe_compile()
         self.comm = plan_grad_sync(parts.model, cfg, env)
@@ -108,11 +112,21 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- run
     def fit(self) -> RunSummary:
         """Train to `cfg.steps` (resuming first if asked); returns the summary of this session."""
+        run = claim_run(self.cfg, self.env)  # lock, run id, what to resume from (exit 2 on conflicts)
+        self.backends.apply()
+        try:
+            return self._fit(run)
+        finally:
+            run.release()
+            self.backends.restore()
+
+    def _fit(self, run) -> RunSummary:
+        self.checkpointer.run_id = run.run_id
         if self.env.is_main:
             write_config_json(self.cfg, self.out_dir / "config.json")
         self.checkpointer.remove_partial()
         self.env.barrier()
-        self._maybe_resume()
+        self._maybe_resume(run.resume_from)
         start = self.step
         metrics = MetricsLogger(
             self.out_dir,
@@ -123,9 +137,11 @@ class Trainer:
             tensorboard=self.cfg.logging.tensorboard,
         )
         try:
+            self.checks.stop.install()
             self._loop(metrics)
             self._await_update()
         finally:
+            self.checks.stop.restore()
             # Graphs hold the NCCL collectives they captured: free them before the process group can go
             # (destroying a communicator that live graphs still use hangs). The next fit() captures again.
             self.graphed_step.reset()
@@ -138,6 +154,7 @@ class Trainer:
         if not metrics.records:
             raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")
         summary = summarize(metrics.records, self.cfg.logging.summary_skip, self.throughput)
+        summary.skipped_samples = self.checks.skipped
         self.last_summary = summary
         if self.env.is_main:
             self._write_report(summary)
@@ -167,17 +184,22 @@ class Trainer:
                     step + 1, cfg.data.batch_size, cfg.optim.grad_accum, str(self.env.device), str(err)
                 ) from err
             ids = [b.get("episode_index") for b in microbatches]
+            tags = [tag_samples(b) for b in microbatches]
             self.step = step + 1
             self.samples_seen += self.global_batch
-            pending.append(_Pending(self.step, loss, grad_norm, lr, ids, timer.end_step()))
+            pending.append(_Pending(self.step, loss, grad_norm, lr, ids, timer.end_step(), tags))
             if self.step_callback is not None:
                 self.step_callback()
             save_now = self._save_due()
-            if self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now:
+            flush = self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now
+            stop = self.checks.poll(flush, self.parts.data.state_dict(), self.samples_seen)
+            if flush or stop:
                 metrics.log(self._flush(pending))
                 pending = []
-            if save_now:
-                self.save()
+            if save_now or stop:
+                saved = self.save()
+            if stop:  # SIGTERM / SIGINT: the checkpoint is written, now leave
+                raise TrainingInterrupted(self.checks.stop.name, self.step, str(saved))
 
     def _step(self, microbatches: list[Batch], timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
         # Gradients are zeroed by the step runner at its start; the sync runs inside it (timed as comm).
@@ -215,8 +237,9 @@ class Trainer:
         for p, value, mine in zip(pending, global_loss, local):
             if not math.isfinite(value):
                 ids = _flat_ids(p.episode_index) if not math.isfinite(mine) else None
+                where = describe_nonfinite(p.samples) if not math.isfinite(mine) else None
                 raise NonFiniteLossError(
-                    p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank
+                    p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank, where
                 )
         return [
             self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
@@ -227,6 +250,7 @@ class Trainer:
     def save(self) -> Path:
         """Write a checkpoint of the current step (every rank must call this)."""
         self._await_update()
+        check_weights_finite(self.parts.model, self.step)
         trainer_state = {
             "step": self.step,
             "samples_seen": self.samples_seen,
@@ -245,29 +269,16 @@ class Trainer:
             config=config_to_dict(self.cfg),
         )
 
-    def _maybe_resume(self) -> None:
-        resume = self.cfg.checkpoint.resume
-        if not resume:
-            return
-        path = self.checkpointer.latest() if resume == "auto" else Path(resume)
+    def _maybe_resume(self, path: Path | None) -> None:
+        # claim_run chose `path` (the newest intact checkpoint) and checked world size and batch size.
         if path is None:
-            log.info(
-                "checkpoint.resume=auto: no checkpoint in %s yet, starting fresh", self.checkpointer.root
-            )
             return
         loaded = self.checkpointer.load(path)
         state = loaded.trainer_state
-        if state.get("global_batch") != self.global_batch or state.get("world_size") != self.env.world_size:
-            log.warning(
-                "resuming %s written with world size %s and global batch %s, now %d and %d: "
-                "the run continues but will not follow the original trajectory exactly",
-                path,
-                state.get("world_size"),
-                state.get("global_batch"),
-                self.env.world_size,
-                self.global_batch,
-            )
-        self.parts.load_model(self.parts.model, path)
+        try:
+            self.parts.load_model(self.parts.model, path)
+        except Exception as err:  # loaders rarely name the file; say which checkpoint failed
+            raise CheckpointError(f"cannot load the model of {path}: {type(err).__name__}: {err}") from err
         if loaded.optimizer_state is not None:
             self.comm.optimizer.load_state_dict(loaded.optimizer_state)
         set_rng_state(loaded.rank_state["rng"], self.env.device)

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
 from .__about__ import __version__
-from ._errors import BatchTooLargeError, ConfigError, DataError, NonFiniteLossError
+from ._errors import (
+    BatchTooLargeError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteLossError,
+    NonFiniteWeightsError,
+    TrainingInterrupted,
+)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +42,8 @@ def _resolve(args: argparse.Namespace):
     overrides = list(args.overrides)
     if getattr(args, "resume", None):
         overrides.append(f"checkpoint.resume={args.resume}")
+    if getattr(args, "existing_run", None):
+        overrides.append(f"checkpoint.existing_run={args.existing_run}")
     return load_config(args.config, preset=args.preset, overrides=overrides)
 
 
@@ -73,6 +86,7 @@ def _infer(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from ._bench import format_table, run_ladder, write_json
 
+    args.overrides = ["checkpoint.existing_run=overwrite", *args.overrides]  # rows are throwaway runs
     cfg = _resolve(args)
     if not cfg.data.dataset:
         raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH")
@@ -112,7 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="auto",
         metavar="CHECKPOINT",
-        help="continue from a checkpoint folder (default: the newest in checkpoint.dir)",
+        help="continue from a checkpoint folder (default: the newest intact one in checkpoint.dir)",
+    )
+    previous = train.add_mutually_exclusive_group()
+    previous.add_argument(
+        "--new-run",
+        dest="existing_run",
+        action="store_const",
+        const="new_run",
+        help="output_dir holds another run: move it to <output_dir>/previous-runs/<run id>/ and start afresh",
+    )
+    previous.add_argument(
+        "--overwrite",
+        dest="existing_run",
+        action="store_const",
+        const="overwrite",
+        help="output_dir holds another run: delete its checkpoints and logs and start afresh",
     )
     train.set_defaults(run=_train)
 
@@ -161,11 +190,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, DataError) as err:  # bad input: nothing ran
-        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+        _say(args, f"error: {err}", same_on_every_rank=isinstance(err, ConfigError))
         return 2
-    except (NonFiniteLossError, BatchTooLargeError) as err:  # training stopped; the message says why
-        print(f"gr00t-train {args.command}: error: {err}", file=sys.stderr)
+    except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError) as err:
+        _say(args, f"error: {err}")  # training stopped; the message says why
         return 1
+    except TrainingInterrupted as err:  # SIGTERM / SIGINT after a checkpoint: the conventional 128 + signal
+        _say(args, f"stopped by {err}", same_on_every_rank=True)
+        return 128 + signal.Signals[err.signal_name].value
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        name = errno.errorcode[err.errno]
+        _say(args, f"error: {err.strerror} ({name}){where}; free space, then continue with --resume")
+        return 1
+
+
+def _say(args: argparse.Namespace, text: str, same_on_every_rank: bool = False) -> None:
+    """One line on stderr. Under torchrun, rank 0 speaks for errors every rank hits alike (config, an agreed
+    stop); other ranks prefix theirs with the rank, as their log lines are."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0 and same_on_every_rank:
+        return
+    prefix = f"[rank {rank}] " if rank else ""
+    print(f"{prefix}gr00t-train {args.command}: {text}", file=sys.stderr)
 
 
 if __name__ == "__main__":

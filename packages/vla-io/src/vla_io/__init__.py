@@ -40,7 +40,9 @@ _EXPORTS = {
     "VideoDecodeError": "._errors",
     "FrameTimestampError": "._errors",
     "WorkerError": "._errors",
+    "WorkerTimeoutError": "._errors",
     "MissingExtraError": "._errors",
+    "check_dataset": "._check",
 }
 _ALIASES = {"SYNTH_PRESETS": "PRESETS"}
 
@@ -67,7 +69,9 @@ __all__ = [
     "VideoSpan",
     "VlaIoError",
     "WorkerError",
+    "WorkerTimeoutError",
     "available_backends",
+    "check_dataset",
     "collate",
     "dataset_stats",
     "open_reader",
@@ -95,6 +99,7 @@ if TYPE_CHECKING:
     from ._augment import ImageAugment
     from ._augment_params import ImageParams, ImageTransformConfig, sample_params
     from ._cache import FrameCache
+    from ._check import check_dataset
     from ._collate import collate
     from ._dataset import LeRobotDataset
     from ._dataset_stats import dataset_stats
@@ -106,6 +111,7 @@ if TYPE_CHECKING:
         VideoDecodeError,
         VlaIoError,
         WorkerError,
+        WorkerTimeoutError,
     )
     from ._meta import DatasetMeta, Episode, VideoSpan
     from ._modality import Modality, ModalityEntry

@@ -63,6 +63,7 @@ class LeRobotDataset:
             raise ValueError("tolerance_s must be > 0 and max_open_videos >= 1")
         self.root = Path(root)
         self.meta = DatasetMeta(self.root)
+        _warn_unindexed(self.meta)
         self.image_dtype, self.frame_time, self.tolerance_s = image_dtype, frame_time, tolerance_s
         self.decode_device = decode_device
         self._episodes = self._select_episodes(episodes)
@@ -123,6 +124,11 @@ class LeRobotDataset:
         then routing samples to workers by episode keeps each worker's decoders warm."""
         files = {str(ep.videos[k].path) for ep in self._episodes for k in self.video_keys}
         return len(files) > self._fetcher.readers.max_open
+
+    def sample_location(self, index: int) -> tuple[int, int]:
+        """(episode_index, frame within the episode) of sample `index`, for messages about one sample."""
+        pos = int(self._table.row_episode[index])
+        return self._episodes[pos].index, int(index - self._table.starts[pos])
 
     def episode_bounds(self) -> np.ndarray:
         """(num_episodes, 2) array of [start, end) sample indices of each selected episode."""
@@ -268,6 +274,21 @@ class LeRobotDataset:
                     )
             checked[key] = values
         return checked
+
+
+def _warn_unindexed(meta: DatasetMeta) -> None:
+    from ._index_check import unindexed_episodes
+
+    found = unindexed_episodes(meta)
+    if found:
+        shown = ", ".join(f"{e} ({p.name})" for p, e in found[:8]) + (" ..." if len(found) > 8 else "")
+        log.warning(
+            "%s: %d episode(s) have data files but are missing from the episodes index (meta/), so they are "
+            "ignored: %s. `vla-io check` lists every problem of the dataset",
+            meta.root,
+            len(found),
+            shown,
+        )
 
 
 def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:

@@ -23,6 +23,22 @@ class WorkerError(VlaIoError, RuntimeError):
     """A pipeline worker failed; the message carries the worker's own traceback."""
 
 
+class WorkerTimeoutError(WorkerError):
+    """A worker is alive but has not delivered a batch within the timeout (a hung decoder, a stalled disk).
+    `detail` says which batch and worker, `timeout_s` the limit, for callers that name their own setting."""
+
+    def __init__(self, detail: str, timeout_s: float) -> None:
+        self.detail, self.timeout_s = detail, timeout_s
+        super().__init__(
+            f"{detail}, longer than the {timeout_s:g} s limit; raise PipelineConfig.timeout_s if loading is "
+            "just slow"
+        )
+
+
+SAMPLE_ERRORS = (DatasetFormatError, VideoDecodeError, FrameTimestampError, FileNotFoundError)
+"""What a sample that cannot be decoded raises (the pipeline's `skip_bad_samples` skips exactly these)."""
+
+
 class MissingExtraError(VlaIoError, ImportError):
     """An optional backend is not installed; the message names the extra to install."""
 

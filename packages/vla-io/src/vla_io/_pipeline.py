@@ -22,6 +22,7 @@ from ._device import HostToDevice, hand_over, resolve_device, to_device
 from ._pipeline_config import PipelineConfig
 from ._producer import Producer, WaitStats
 from ._sampler import EpochSampler
+from ._skips import SkipLog
 from ._workers import load_batch
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class Pipeline:
             )
         self._epoch, self._batch = 0, 0
         self._stats = WaitStats()
+        self._skips = SkipLog()
         self._background = _Background()
         self._finalizer = weakref.finalize(self, self._background.stop)
 
@@ -132,6 +134,7 @@ class Pipeline:
                         f"pipeline delivered batch {tag}, expected {(self._epoch, self._batch)}"
                     )
                 batch = hand_over(batch, event, self.device)
+                self._skips.deliver(tag)
             self._advance()
             yield batch
 
@@ -144,7 +147,9 @@ class Pipeline:
     def _load_sync(self) -> Batch:
         task = self.sampler.task(self._epoch, self._batch)
         start = time.perf_counter()
-        batch = load_batch(self.dataset, task, self.config.image_dtype, shared=False)
+        batch = load_batch(self.dataset, task, self.config.image_dtype, False, self.config.skip_bad_samples)
+        self._skips.take(batch, task.tag)
+        self._skips.deliver(task.tag)
         self._stats.add("l1_wait", time.perf_counter() - start)
         if self.transform is not None:
             start = time.perf_counter()
@@ -170,6 +175,7 @@ class Pipeline:
                     self.dataset, self.sampler, self.config, (self._epoch, self._batch),
                     transform=self.transform, device_transform=self.device_transform,
                     h2d=HostToDevice(self.device, self.config.device_buffers + 2), stats=self._stats,
+                    skips=self._skips,
                 )  # fmt: skip
             return background.producer
 
@@ -186,6 +192,7 @@ class Pipeline:
             "shuffle": self.config.shuffle,
             "drop_last": self.config.drop_last,
             "sample_window": self.config.sample_window,
+            "skipped_samples": self._skips.count,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -201,6 +208,8 @@ class Pipeline:
             raise ValueError(f"Pipeline state batch {batch} outside [0, {len(self)})")
         self._stop_producer()
         self._epoch, self._batch = epoch, batch
+        self._skips.forget_pending()
+        self._skips.count = int(state.get("skipped_samples", 0))
 
     # -- statistics and shutdown ----------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

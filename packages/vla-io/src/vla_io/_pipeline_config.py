@@ -64,6 +64,9 @@ class PipelineConfig:
     """Do everything in the caller's thread, in the same order: the baseline and the reference for tests."""
     timeout_s: float = 300.0
     """Raise if one batch takes longer than this to load."""
+    skip_bad_samples: bool = False
+    """Replace a sample that cannot be decoded (corrupt or truncated video) by another one, with a warning
+    per episode, instead of failing the batch; `Pipeline.state_dict()["skipped_samples"]` counts them."""
 
     def __post_init__(self) -> None:
         positive = (

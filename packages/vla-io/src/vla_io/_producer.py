@@ -16,6 +16,7 @@ import torch
 from ._device import HostToDevice, ready_event
 from ._pipeline_config import PipelineConfig
 from ._sampler import EpochSampler
+from ._skips import SkipLog
 from ._workers import (
     AffinityRouter,
     PartTask,
@@ -110,8 +111,10 @@ class Producer:
         device_transform: Callable | None,
         h2d: HostToDevice,
         stats: WaitStats,
+        skips: SkipLog | None = None,
     ) -> None:
         self.dataset, self.sampler, self.config = dataset, sampler, config
+        self.skips = skips if skips is not None else SkipLog()
         self.transform, self.device_transform, self.h2d, self.stats = transform, device_transform, h2d, stats
         self.start = start
         self.submitted: deque[tuple[int, int]] = deque(
@@ -126,7 +129,7 @@ class Producer:
         if config.num_workers > 0:
             self._pool = WorkerPool(
                 dataset, config.num_workers, config.start_method, config.image_dtype, config.seed,
-                config.timeout_s, recycle,
+                config.timeout_s, recycle, config.skip_bad_samples,
             )  # fmt: skip
         if self._pool is not None and recycle and config.pin_shared_memory and h2d.cuda:
             self._pool.watch_arenas(h2d.pin, h2d.unpin)
@@ -172,8 +175,11 @@ class Producer:
                     task = next(tasks)
                     self.submitted.append(task.tag)
                     started = time.perf_counter()
-                    batch = load_batch(self.dataset, task, self.config.image_dtype, shared=False)
+                    batch = load_batch(
+                        self.dataset, task, self.config.image_dtype, False, self.config.skip_bad_samples
+                    )
                     keys = []
+                self.skips.take(batch, task.tag)  # skip notes never reach the transform
                 self.stats.add("l1_wait", time.perf_counter() - started)
                 if self.transform is not None:
                     started = time.perf_counter()
@@ -223,7 +229,13 @@ class Producer:
                 item = self._ready.get(timeout=_POLL_S)
                 break
             except queue.Empty:
-                if not all(t.is_alive() for t in self._threads) and self._ready.empty():
+                if all(t.is_alive() for t in self._threads):
+                    continue
+                # The host thread ends after handing its failure to the copy thread, which forwards it: wait
+                # for that before concluding nothing was delivered (under load this once lost the error).
+                for thread in self._threads:
+                    thread.join(timeout=2.0)
+                if self._ready.empty():
                     raise RuntimeError("vla-io pipeline threads stopped without delivering a batch") from None
         stats.add("l3_wait", time.perf_counter() - started)
         if isinstance(item, _Failed):

@@ -19,9 +19,10 @@ import torch
 import torch.multiprocessing as mp
 
 from ._collate import collate
-from ._errors import WorkerError
+from ._errors import SAMPLE_ERRORS, WorkerError, WorkerTimeoutError
 from ._sampler import BatchTask
 from ._shm import ArenaAllocator, ArenaViews, Packed, set_allocator
+from ._skips import SKIP_KEY, load_skipping
 
 log = logging.getLogger(__name__)
 SEED_KEY = "sample_seed"
@@ -33,10 +34,28 @@ def _parameters(function: Any) -> frozenset[str]:
     return frozenset(inspect.signature(function).parameters)
 
 
-def load_batch(dataset: Any, task: BatchTask, image_dtype: str | None, shared: bool) -> dict[str, Any]:
+def load_batch(
+    dataset: Any, task: BatchTask, image_dtype: str | None, shared: bool, skip_bad: bool = False
+) -> dict[str, Any]:
     """The collated batch of a task (or part of one), plus each sample's seed under "sample_seed".
 
-    `shared`: ask the dataset for shared-memory tensors (in a worker: the batch's arena)."""
+    `shared`: ask the dataset for shared-memory tensors (in a worker: the batch's arena). `skip_bad`:
+    replace samples that cannot be decoded (notes under SKIP_KEY, see `_skips`) instead of raising."""
+    if not skip_bad:
+        batch = _load_rows(dataset, task.indices, image_dtype, shared)
+    else:
+        try:
+            batch = _load_rows(dataset, task.indices, image_dtype, shared)
+            batch[SKIP_KEY] = [None] * len(task.indices)
+        except SAMPLE_ERRORS:
+            batch = load_skipping(
+                dataset, task.indices, lambda rows: _load_rows(dataset, rows, image_dtype, False)
+            )
+    batch[SEED_KEY] = torch.from_numpy(task.seeds.copy())
+    return batch
+
+
+def _load_rows(dataset: Any, indices: np.ndarray, image_dtype: str | None, shared: bool) -> dict[str, Any]:
     get_batch = getattr(dataset, "get_batch", None)
     if get_batch is not None:
         params = _parameters(getattr(get_batch, "__func__", get_batch))
@@ -45,11 +64,8 @@ def load_batch(dataset: Any, task: BatchTask, image_dtype: str | None, shared: b
             kwargs["image_dtype"] = image_dtype
         if "shared_memory" in params:
             kwargs["shared_memory"] = shared
-        batch = dict(get_batch(task.indices, **kwargs))
-    else:
-        batch = collate([dataset[int(i)] for i in task.indices])
-    batch[SEED_KEY] = torch.from_numpy(task.seeds.copy())
-    return batch
+        return dict(get_batch(indices, **kwargs))
+    return collate([dataset[int(i)] for i in indices])
 
 
 Key = tuple[tuple[int, int], int]  # ((epoch, batch), part)
@@ -149,9 +165,13 @@ class _Failure:
 
 
 def _worker_loop(
-    worker: int, dataset: Any, tasks: Any, results: Any, image_dtype: str | None, seed: int, recycle: bool
-) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    worker: int, dataset: Any, tasks: Any, results: Any, image_dtype: str | None, seed: int, recycle: bool,
+    skip_bad: bool = False,
+) -> None:  # fmt: skip
+    # Ctrl-C and a scheduler's SIGTERM (sent to the whole process group) are the main process's business:
+    # it may save a checkpoint first, then closes the workers. Orphaned workers still leave (getppid below).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
     np.random.seed((seed + worker) & 0xFFFFFFFF)
     torch.manual_seed(seed + worker)
@@ -172,7 +192,7 @@ def _worker_loop(
             continue
         arenas.begin()
         try:
-            message: Any = arenas.pack(load_batch(dataset, task.task, image_dtype, shared=True))
+            message: Any = arenas.pack(load_batch(dataset, task.task, image_dtype, True, skip_bad))
         except Exception:
             message = _Failure(worker, os.getpid(), task.tag, traceback.format_exc())
         arenas.end(task.key)
@@ -184,7 +204,7 @@ class WorkerPool:
 
     def __init__(
         self, dataset: Any, num_workers: int, start_method: str, image_dtype: str | None, seed: int,
-        timeout_s: float, recycle: bool = False,
+        timeout_s: float, recycle: bool = False, skip_bad: bool = False,
     ) -> None:  # fmt: skip
         ctx = mp.get_context(start_method)
         self._results = ctx.Queue()
@@ -192,7 +212,7 @@ class WorkerPool:
         self._procs = [
             ctx.Process(
                 target=_worker_loop,
-                args=(i, dataset, self._tasks[i], self._results, image_dtype, seed, recycle),
+                args=(i, dataset, self._tasks[i], self._results, image_dtype, seed, recycle, skip_bad),
                 daemon=True,
                 name=f"vla-io-worker-{i}",
             )  # fmt: skip
@@ -229,9 +249,14 @@ class WorkerPool:
                 if stop is not None and stop.is_set():
                     raise InterruptedError("pipeline stopped") from None
                 if time.monotonic() - start > self.timeout_s:
-                    raise WorkerError(
-                        f"batch {tag} (epoch, batch) not loaded after {self.timeout_s:.0f} s by worker "
-                        f"{self._owner.get(key)}; raise PipelineConfig.timeout_s if loading is just slow"
+                    worker = self._owner.get(key)
+                    pid = self._procs[worker].pid if worker is not None else "?"
+                    if worker is not None:  # stuck (in native code, or stopped): it would not exit politely
+                        self._procs[worker].kill()
+                    raise WorkerTimeoutError(
+                        f"worker {worker} (pid {pid}, alive, now stopped) had not delivered batch {tag} "
+                        f"(epoch, batch) for {time.monotonic() - start:.0f} s",
+                        self.timeout_s,
                     ) from None
         value = self._ready.pop(key)
         self._owner.pop(key, None)

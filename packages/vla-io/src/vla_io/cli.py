@@ -1,5 +1,6 @@
-"""The `vla-io` command line: `synth` writes a synthetic dataset, `info` summarizes one, `cache` builds a
-decoded-frame cache, `ffmpeg-libs` makes PyAV's bundled FFmpeg loadable by torchcodec."""
+"""The `vla-io` command line: `synth` writes a synthetic dataset, `info` summarizes one, `check` decodes all of
+one and lists every bad file, episode and frame, `cache` builds a decoded-frame cache, `ffmpeg-libs` makes
+PyAV's bundled FFmpeg loadable by torchcodec."""
 
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from ._check import check_dataset
+
+    report = check_dataset(
+        args.path, workers=args.workers, progress=not args.no_progress, video_backend=args.backend
+    )
+    print(report.table())
+    return 0 if report.ok else 1
+
+
 def _cache(args: argparse.Namespace) -> int:
     from ._cache import FrameCache
     from ._dataset import LeRobotDataset
@@ -110,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print a dataset summary")
     info.add_argument("path")
     info.set_defaults(run=_info)
+    check = sub.add_parser(
+        "check", help="decode every frame and read every row; list every bad file, episode and frame"
+    )
+    check.add_argument("path")
+    check.add_argument("--workers", type=int, help="parallel processes (default: one per CPU core)")
+    check.add_argument("--backend", choices=("auto", "torchcodec", "pyav"), default="auto")
+    check.add_argument("--no-progress", action="store_true", help="no progress bar")
+    check.set_defaults(run=_check)
     cache = sub.add_parser("cache", help="decode all frames once into a memory-mapped cache")
     cache.add_argument("path")
     cache.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to this (training) size")

@@ -38,6 +38,11 @@ class OverlapConfig:
     grad_reduce_dtype: torch.dtype | None = torch.float32
     """dtype of the gradient buffers (accumulation and reduction). None = each parameter's own dtype."""
 
+    reduce_dtype: torch.dtype | None = None
+    """dtype the gradients travel in (e.g. torch.bfloat16: half the bytes on the wire); accumulation stays in
+    `grad_reduce_dtype`. Each bucket is rounded once after the 1/world pre-scale, reduced, then copied back.
+    None = the gradient buffers' own dtype."""
+
     overwrite_first_grad: bool = True
     """Each step's first gradient of a parameter is copied into its buffer and later ones added, so the
     buffers need no zeroing pass (and a bf16 gradient lands in an fp32 buffer by a fast cast instead of a
@@ -71,6 +76,11 @@ class OverlapConfig:
             "sync_module_states",
         ):
             _check_bool(name, getattr(self, name))
+        if self.reduce_dtype is not None and self.reduce_dtype not in _FLOAT_DTYPES:
+            allowed = ", ".join(str(d) for d in _FLOAT_DTYPES)
+            raise ValueError(
+                f"OverlapConfig.reduce_dtype must be None or one of {allowed}; got {self.reduce_dtype!r}"
+            )
         if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in _FLOAT_DTYPES:
             allowed = ", ".join(str(d) for d in _FLOAT_DTYPES)
             raise ValueError(

@@ -33,12 +33,21 @@ class GradBuckets:
         device: torch.device,
         comm: Communicator,
         stream: CommStream,
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
         self.layout = layout
         self.comm = comm
         self.stream = stream
         self.sharded = False
         self.data = [torch.zeros(b.numel, dtype=b.grad_dtype, device=device) for b in layout.buffers]
+        # With a narrower reduce_dtype each bucket travels through a buffer of its own (persistent: CUDA graphs
+        # bake its address in): accumulation stays in the gradient dtype, only the wire is narrow.
+        self.wire = [
+            torch.zeros(b.numel, dtype=reduce_dtype, device=device)
+            if reduce_dtype is not None and reduce_dtype != layout.buffers[b.buffer].grad_dtype
+            else None
+            for b in layout.buckets
+        ]
         self.main_grads = [
             self.data[s.buffer][s.start : s.start + s.numel].view(shape)
             for s, shape in zip(layout.slots, shapes)
@@ -87,11 +96,30 @@ class GradBuckets:
             # arithmetic torch DDP uses.
             if self.comm.size > 1:
                 view.mul_(1.0 / self.comm.size)
+            wire = self.wire[bucket]
+            if wire is not None:
+                wire.copy_(view)  # rounded to the reduce dtype once, after the pre-scale
+                view = wire
             if self.sharded:
-                self._handles[bucket] = self.comm.reduce_scatter(self.shard_view(bucket), view)
+                self._handles[bucket] = self.comm.reduce_scatter(self._own(bucket, view), view)
             else:
                 self._handles[bucket] = self.comm.all_reduce(view)
         self._next += 1
+
+    def _own(self, bucket: int, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of a bucket-sized tensor."""
+        spec = self.layout.buckets[bucket]
+        lo, hi = spec.shard_range(self.comm.rank, self.comm.size)
+        return flat[lo - spec.start : hi - spec.start]
+
+    def _unwire(self, bucket: int) -> None:
+        """Bring a bucket reduced in the narrower dtype back into the gradient buffer."""
+        wire = self.wire[bucket]
+        if wire is not None:
+            if self.sharded:
+                self.shard_view(bucket).copy_(self._own(bucket, wire))
+            else:
+                self.bucket_view(bucket).copy_(wire)
 
     def mark_all_done(self) -> None:
         """Every bucket was launched and waited for by work this object did not issue (a replayed graph)."""
@@ -103,6 +131,7 @@ class GradBuckets:
         for bucket, handle in enumerate(self._handles):
             if handle is not None:
                 handle.wait()
+                self._unwire(bucket)
                 self._handles[bucket] = None
         self.stream.join()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,17 +16,12 @@ from ._broadcast import broadcast_module_states
 from ._comm import CommStream, Communicator
 from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets, accumulate_into
+from ._hooks import current_autograd_node, weak_call
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
 from ._shard_grad import placeholders
 from ._sync import OverlapGradSync
 from ._used import UsedFlags
-
-
-def _current_autograd_node() -> Any:
-    """The autograd node being executed by this thread (None outside backward), where torch exposes it."""
-    current = getattr(torch._C, "_current_autograd_node", None)
-    return current() if current is not None else None
 
 
 class _Phase(enum.Enum):
@@ -79,7 +75,12 @@ class OverlapDataParallel(nn.Module):
         self._slot_of = {id(p): i for i, p in enumerate(self._params)}
         self._stream = CommStream(self._device)
         self._grads = GradBuckets(
-            self.layout, [p.shape for p in self._params], self._device, self._comm, self._stream
+            self.layout,
+            [p.shape for p in self._params],
+            self._device,
+            self._comm,
+            self._stream,
+            self.config.reduce_dtype,
         )
         for param, main_grad in zip(self._params, self._grads.main_grads):
             param.main_grad = main_grad  # the accumulation target, also for callers that bypass hooks
@@ -245,8 +246,14 @@ class OverlapDataParallel(nn.Module):
 
     # ------------------------------------------------------------------------------------ gradient hooks
     def _make_grad_hook(self, slot: int) -> Any:
+        # Hooks live on the parameters, out of the garbage collector's sight: a strong reference back to
+        # the wrapper would keep it, its buffers and the model alive after the last user reference is gone.
+        wrapper = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
-            self._on_grad(slot, param)
+            owner = wrapper()
+            if owner is not None:
+                owner._on_grad(slot, param)
 
         return hook
 
@@ -280,7 +287,7 @@ class OverlapDataParallel(nn.Module):
         torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
 
     def _on_backward_end(self) -> None:
-        outer = _current_autograd_node()
+        outer = current_autograd_node()
         if outer is not None:
             # A nested backward (reentrant activation checkpointing) ended inside an outer one: the
             # step's gradients are complete only when the outer backward ends, so hand over to it.
@@ -342,9 +349,9 @@ class OverlapDataParallel(nn.Module):
         # Reading or loading parameters through (sub)module state dicts must not race pending gathers, and
         # parameters loaded in place make the optimizer's fp32 master weights stale.
         for module in {self.module, *(m for m, _ in self._modules_with_params())}:
-            module.register_state_dict_pre_hook(lambda *_: self.finish_param_sync())
-            module.register_load_state_dict_pre_hook(lambda *_: self.finish_param_sync())
-            module.register_load_state_dict_post_hook(lambda *_: optimizer.mark_params_changed())
+            module.register_state_dict_pre_hook(weak_call(self, "finish_param_sync"))
+            module.register_load_state_dict_pre_hook(weak_call(self, "finish_param_sync"))
+            module.register_load_state_dict_post_hook(weak_call(optimizer, "mark_params_changed"))
         return self._gather
 
     def _start_param_gather(self) -> None:
@@ -366,8 +373,11 @@ class OverlapDataParallel(nn.Module):
             module.register_forward_pre_hook(self._make_gather_hook(buckets))
 
     def _make_gather_hook(self, buckets: list[int]) -> Any:
+        wrapper = weakref.ref(self)  # see _make_grad_hook
+
         def hook(module: nn.Module, args: Any) -> None:
-            gather = self._gather
+            owner = wrapper()
+            gather = owner._gather if owner is not None else None
             if gather is not None and gather.pending:
                 for bucket in buckets:
                     gather.ensure(bucket)

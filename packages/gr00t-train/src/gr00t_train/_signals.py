@@ -1,0 +1,49 @@
+"""SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) become a request to stop after the current step with
+a checkpoint, instead of killing the run mid-step. A second SIGINT stops at once (KeyboardInterrupt)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    """Installed for the duration of a training loop (main thread only; elsewhere signals stay as they are)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        """The received signal's name (SIGTERM, SIGINT)."""
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def install(self) -> StopRequest:
+        """Catch SIGTERM and SIGINT from now on."""
+        if threading.current_thread() is threading.main_thread() and not self._previous:
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        """Give the signals back to whoever had them."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            self.restore()
+            raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+        if self.signum is None:
+            self.signum = signum
+            log.warning(
+                "%s received: stopping after this step with a checkpoint (Ctrl-C again to stop at once)",
+                signal.Signals(signum).name,
+            )

@@ -1,0 +1,71 @@
+"""Issue 14's checks on a GPU (run on the H200): TF32 switches restored after a CUDA run, NaN samples named
+under CUDA graphs, SIGTERM saving a checkpoint of a CUDA run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from gr00t_train.cli import main
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda(argv: list[str], *sets: str) -> list[str]:
+    for item in ("device=cuda", *sets):
+        argv = [*argv, "--set", item]
+    return argv
+
+
+def test_a_cuda_run_restores_tf32_and_names_nan_samples(dataset_copy, tmp_path, train_args, capsys) -> None:
+    path = next(dataset_copy.glob("data/**/episode_000001.parquet"))
+    table = pq.read_table(path)
+    actions = [[float("nan")] * len(row) for row in table.column("action").to_pylist()]
+    column = table.schema.get_field_index("action")
+    pq.write_table(
+        table.set_column(column, "action", pa.array(actions, table.schema.field("action").type)), path
+    )
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
+    argv = _cuda(
+        train_args(dataset_copy, tmp_path / "run"),
+        "steps=12",
+        "optimizations.tf32=true",
+        "optimizations.cudnn_benchmark=true",
+        "optimizations.graph=per_microbatch",
+        "optimizations.comm=overlap",
+    )
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and "loss is nan at step" in err
+    named = re.findall(r"\(episode (\d+), frame \w+\) has NaN/inf in action", err)
+    assert named and {episode for episode, _ in named} == {"1"}
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == before
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_saves_a_checkpoint_of_a_cuda_run(dataset, tmp_path, train_args) -> None:
+    out = tmp_path / "run"
+    argv = _cuda(train_args(dataset, out, "steps=100000", "logging.every=5"))
+    proc = subprocess.Popen([sys.executable, "-m", "gr00t_train", *argv], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    match = re.search(r"stopped by SIGTERM at step (\d+): saved checkpoint (\S+);", err)
+    assert match and (out / "checkpoints" / f"step_{int(match.group(1)):06d}" / "manifest.json").is_file()
