@@ -68,6 +68,6 @@ def clip_grad_norm_(
     if isinstance(optimizer, DistributedAdamW):
         return optimizer.clip_grad_norm_(max_norm, norm_type)
     if isinstance(model, OverlapDataParallel):
-        return model.clip_grad_norm_(max_norm, norm_type)
+        model.finish_grad_sync()  # then torch's clip in the optimizer's order, as for DDP
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)

@@ -86,10 +86,13 @@ class DistributedAdamW(torch.optim.Optimizer):
                 master.grad = self._grad_shards[bucket][window]
                 piece_groups[group_of[piece.slot]]["params"].append(master)
                 self.pieces.append((bucket, piece, master))
-        # Norms are summed in parameter order, whatever buckets and dtype buffers the pieces sit in, so the
-        # clipping coefficient does not depend on the layout (e.g. bf16 vs fp32 parameter buffers).
+        # Norms are summed in the optimizer's parameter order, as torch.nn.utils.clip_grad_norm_ over its
+        # param_groups does, whatever buckets and dtype buffers the pieces sit in: the clipping coefficient
+        # does not depend on the layout, and at one rank it equals torch's bit for bit.
+        position = {slot: i for i, slot in enumerate(s for slots in self.group_slots for s in slots)}
         self._norm_order = sorted(
-            range(len(self.pieces)), key=lambda i: (self.pieces[i][1].slot, self.pieces[i][1].param_start)
+            range(len(self.pieces)),
+            key=lambda i: (position[self.pieces[i][1].slot], self.pieces[i][1].param_start),
         )
         if fused is None and foreach is None and model._device.type == "cuda":
             fused = True

@@ -242,7 +242,7 @@ class OverlapDataParallel(nn.Module):
         if self._sharded_optimizer is not None:
             return self._sharded_optimizer.clip_grad_norm_(max_norm, norm_type)
         self.finish_grad_sync()
-        return torch.nn.utils.clip_grad_norm_(self._params, max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm, norm_type)
 
     # ------------------------------------------------------------------------------------ gradient hooks
     def _make_grad_hook(self, slot: int) -> Any:
