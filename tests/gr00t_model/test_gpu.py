@@ -118,9 +118,8 @@ def test_image_preprocessing_on_gpu_matches_cpu() -> None:
 
     frames = torch.randint(0, 256, (2, 2, 3, 256, 256), dtype=torch.uint8)
     spec = ImageSpec(size=(252, 252))
-    kwargs = {"train": True, "brightness": 0.1, "contrast": 0.1, "saturation": 0.1}
-    cpu = preprocess_images(frames, spec, generator=torch.Generator().manual_seed(3), **kwargs)
-    gpu = preprocess_images(frames.cuda(), spec, generator=torch.Generator().manual_seed(3), **kwargs)
+    cpu = preprocess_images(frames, spec)
+    gpu = preprocess_images(frames.cuda(), spec)
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, atol=2e-3, rtol=0)
 

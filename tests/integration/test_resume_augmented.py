@@ -137,8 +137,8 @@ def test_augmentation_draws_follow_seed_rank_and_position(dataset) -> None:
                                                                  "data.augment=true"])  # fmt: skip
         data = _data.open_dataset(cfg, model_horizon=16, progress=False)
         config = gr00t_model.GR00TConfig.preset("tiny")
-        processor = _data.make_processor(data, config, None, augment_on_device=True, vlm_seq_len=None)
-        augment = _data.device_augment(processor, len(data.camera_keys), augment=True, backend="torch")
+        processor = _data.make_processor(data, config, None, vlm_seq_len=None)
+        augment = _data.image_transform(processor, len(data.camera_keys), augment=True, backend="torch")
         drawn, params = [], augment.params
         augment.params = lambda *a, **k: drawn.append(params(*a, **k)) or drawn[-1]
         with vla_io.Pipeline(data.dataset, 4, transform=_data.host_transform(data, processor),

@@ -1,14 +1,15 @@
-"""Plain-torch image preparation, per camera: letterbox, crop, resize to the model's size, optional color
-jitter, normalize.
+"""Plain-torch image preparation for inference, per camera: letterbox, center crop, resize to the model's
+size, normalize.
 
 As the release (Isaac-GR00T N1.6 after its fix for cameras of different sizes): each camera's frame is padded
-with black bars to a square (the model's aspect ratio), a fraction of each side is cropped (centred at
-inference, at a random place in training, the same relative place for every camera of a sample), then it is
-resized to the model's image size. The release resizes the shorter side to 256 around its crop and rounds to a
-multiple of 28; this path resizes once, to the same final size.
+with black bars to a square (the model's aspect ratio), a fraction of each side is cropped around the centre,
+then it is resized to the model's image size. The release resizes the shorter side to 256 around its crop and
+rounds to a multiple of 28; this path resizes once, to the same final size.
 
-A training pipeline normally does this on the GPU in its data library, from uint8 frames, using the numbers in
-`ImageSpec`; this module is the simple path (and the reference that such a path can be tested against).
+Training augmentation (the random crop and color jitter the release trains with) is not done here: its ranges
+are facts of the release, recorded in `ImageSpec`, and a training data library applies them (this project's
+trainer hands them to vla-io, on uint8 frames on the GPU). This module is also the reference such a path's
+center crop can be tested against.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-_GRAY = (0.299, 0.587, 0.114)
 
 
 @dataclass(frozen=True)
@@ -36,6 +35,13 @@ class ImageSpec:
     letterbox: bool = True
     """Pad each frame with black bars (centred) to the aspect ratio of `size` before cropping, so cameras
     of any shape are not stretched (the release pads to a square)."""
+    brightness: float = 0.1
+    """The release's training color jitter (its config stores 0.1 for each of the four): brightness,
+    contrast and saturation factors drawn in [1 - a, 1 + a]; applied by a training pipeline, not here."""
+    contrast: float = 0.1
+    saturation: float = 0.1
+    hue: float = 0.1
+    """Hue shift range as a fraction of a turn, as the release's config gives it (0.1 = +-36 degrees)."""
 
 
 def to_channels_first(images: torch.Tensor) -> torch.Tensor:
@@ -47,52 +53,31 @@ def to_channels_first(images: torch.Tensor) -> torch.Tensor:
     return images
 
 
-def preprocess_images(
-    images: torch.Tensor | Sequence[torch.Tensor],
-    spec: ImageSpec,
-    *,
-    train: bool = False,
-    brightness: float = 0.0,
-    contrast: float = 0.0,
-    saturation: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """uint8 frames -> normalized float32 [B, V, 3, h, w] at spec.size.
+def preprocess_images(images: torch.Tensor | Sequence[torch.Tensor], spec: ImageSpec) -> torch.Tensor:
+    """uint8 frames -> normalized float32 [B, V, 3, h, w] at spec.size, as the release prepares them for
+    inference.
 
     `images`: one tensor [B, V, 3, H, W] (or channel-last), or a sequence of V per-camera tensors
     [B, 3, H_v, W_v] (or [B, H_v, W_v, 3]) whose sizes and aspect ratios may differ. Runs on the frames'
-    device (CPU in a pipeline thread, or a GPU); random draws come from a CPU generator.
-
-    Per camera: letterbox (`spec.letterbox`), crop `spec.crop_fraction` of each side (centred, or with
-    train=True at a random place shared by the cameras of a sample), antialiased bilinear resize. train=True
-    also draws brightness/contrast/saturation factors in [1 - a, 1 + a], the same for every view of a sample.
+    device. Per camera: letterbox (`spec.letterbox`), crop `spec.crop_fraction` of each side around the
+    centre, antialiased bilinear resize.
     """
     views = camera_views(images)
     batch = views[0].shape[0]
     if any(v.shape[0] != batch for v in views):
         raise ValueError(f"cameras disagree on the batch size: {[tuple(v.shape) for v in views]}")
-    # one draw per sample, applied at the same relative place in every camera (the release replays its
-    # random crop on every view)
-    place = torch.rand(batch, 2, generator=generator) if train else None
     out = torch.empty(batch, len(views), 3, *spec.size, dtype=torch.float32, device=views[0].device)
     for v, frames in enumerate(views):
         if spec.letterbox:
             frames = letterbox(frames, spec.size)
         height, width = frames.shape[-2:]
         crop_h, crop_w = max(1, int(height * spec.crop_fraction)), max(1, int(width * spec.crop_fraction))
-        if train:
-            tops = (place[:, 0] * (height - crop_h + 1)).long().clamp(max=height - crop_h).tolist()
-            lefts = (place[:, 1] * (width - crop_w + 1)).long().clamp(max=width - crop_w).tolist()
-        else:  # the centre, as the release's center crop computes it
-            tops, lefts = [(height - crop_h) // 2] * batch, [(width - crop_w) // 2] * batch
-        for i in range(batch):
-            crop = frames[i : i + 1, :, tops[i] : tops[i] + crop_h, lefts[i] : lefts[i] + crop_w]
-            resized = F.interpolate(
-                crop.to(torch.float32), size=spec.size, mode="bilinear", align_corners=False, antialias=True
-            )
-            out[i, v] = resized[0].clamp(0.0, 255.0) / 255.0
-    if train and (brightness or contrast or saturation):
-        out = color_jitter(out, brightness, contrast, saturation, generator)
+        top, left = (height - crop_h) // 2, (width - crop_w) // 2  # as the release's center crop computes it
+        crop = frames[:, :, top : top + crop_h, left : left + crop_w]
+        resized = F.interpolate(
+            crop.to(torch.float32), size=spec.size, mode="bilinear", align_corners=False, antialias=True
+        )
+        out[:, v] = resized.clamp(0.0, 255.0) / 255.0
     return (out - spec.mean) / spec.std
 
 
@@ -127,25 +112,3 @@ def letterbox(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     out = frames.new_zeros(*frames.shape[:-2], padded_h, padded_w)
     out[..., top : top + height, left : left + width] = frames
     return out
-
-
-def color_jitter(
-    images: torch.Tensor,
-    brightness: float,
-    contrast: float,
-    saturation: float,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Per-sample random brightness, contrast and saturation on [B, V, 3, H, W] in [0, 1]."""
-    batch = images.shape[0]
-
-    def factor(amount: float) -> torch.Tensor:
-        u = torch.rand(batch, generator=generator) * 2 - 1  # CPU draws: reproducible on any device
-        return (1 + amount * u).view(batch, 1, 1, 1, 1).to(images.device)
-
-    weights = torch.tensor(_GRAY, device=images.device).view(1, 1, 3, 1, 1)
-    images = (images * factor(brightness)).clamp(0, 1)
-    gray_mean = (images * weights).sum(2, keepdim=True).mean((-1, -2), keepdim=True)
-    images = ((images - gray_mean) * factor(contrast) + gray_mean).clamp(0, 1)
-    gray = (images * weights).sum(2, keepdim=True)
-    return ((images - gray) * factor(saturation) + gray).clamp(0, 1)

@@ -36,15 +36,12 @@ class ProcessorConfig:
     """Lowercase the task and strip punctuation, as the release does."""
     system_prompt: str = "You are a helpful assistant."
     image_mode: str = "torch"
-    """"torch": uint8 `images` are letterboxed/cropped/resized/normalized here, per camera, into `pixel_values`;
+    """"torch": uint8 `images` are letterboxed/center-cropped/resized/normalized here, per camera, into
+    `pixel_values`, as for inference;
     "passthrough": they are returned untouched under `images` for a later step (e.g. on the GPU) that uses
     `processor.image_spec`."""
-    train: bool = False
-    """Random crop and color jitter in the torch image path (else the center crop of inference)."""
     crop_fraction: float = 0.95
-    brightness: float = 0.0
-    contrast: float = 0.0
-    saturation: float = 0.0
+    """Side fraction kept by the crop (see `ImageSpec`)."""
     token_cache_size: int = 4096
     """Distinct task strings whose token ids are kept."""
 
@@ -235,16 +232,7 @@ class GR00TProcessor:
                 )
         if self.config.image_mode == "passthrough":
             return {"images": images}
-        cfg = self.config
-        pixels = preprocess_images(
-            views,
-            self.image_spec,
-            train=cfg.train,
-            brightness=cfg.brightness,
-            contrast=cfg.contrast,
-            saturation=cfg.saturation,
-        )
-        return {"pixel_values": pixels}
+        return {"pixel_values": preprocess_images(views, self.image_spec)}
 
     # ------------------------------------------------------------------- main
     def __call__(

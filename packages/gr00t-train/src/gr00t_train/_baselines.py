@@ -38,8 +38,9 @@ class DDPGradSync:
 class LeRobotStyleSource:
     """The baseline's data path, as LeRobot-style training runs it: a torch DataLoader with worker processes
     and pinned memory over single samples of the dataset (each sample decodes its own frames, a decoder
-    opened for it), the GR00T processor in the workers (CPU crop, resize and color jitter included), and the
-    training thread copying each batch to the device. A BatchSource; resumable by sample position."""
+    opened for it), the GR00T processor and the image transform in the workers (the same transform as the
+    pipeline's, on the CPU: crop, resize, color jitter), and the training thread copying each batch to the
+    device. A BatchSource; resumable by sample position."""
 
     def __init__(self, cfg, data, processor, env, check_first=None) -> None:
         import vla_io
@@ -56,7 +57,7 @@ class LeRobotStyleSource:
             progress=False,
         )
         self._dataset = _Samples(samples)
-        self._collate = _Collate(data, processor)
+        self._collate = _Collate(data, processor, augment=cfg.data.augment)
         self._cfg, self._env, self._check_first = cfg, env, check_first
         self._epoch, self._position, self._iter = 0, 0, None
 
@@ -72,7 +73,7 @@ class LeRobotStyleSource:
         indices = list(sampler)[skip * batch :]
         workers = self._cfg.data.num_workers
         return iter(tud.DataLoader(
-            _Subset(self._dataset, indices), batch_size=batch, num_workers=workers,
+            _Subset(self._dataset, indices, sample_seeds(self._cfg.seed, self._epoch, indices)), batch_size=batch, num_workers=workers,
             pin_memory=self._env.device.type == "cuda", collate_fn=self._collate, drop_last=True,
             prefetch_factor=2 if workers else None,
         ))  # fmt: skip
@@ -122,39 +123,39 @@ class _Samples:
         return self.dataset[index]
 
 
+def sample_seeds(seed: int, epoch: int, indices: list[int]) -> list[int]:
+    """One augmentation seed per sample, from the run's seed, the epoch and the sample's index: the workers
+    draw independent crops and jitter, and a resumed run draws the same ones."""
+    import numpy as np
+
+    return [
+        int(np.random.SeedSequence([seed, epoch, i]).generate_state(1, np.uint64)[0] >> 1) for i in indices
+    ]
+
+
 class _Subset:
-    def __init__(self, dataset, indices: list[int]) -> None:
-        self.dataset, self.indices = dataset, indices
+    def __init__(self, dataset, indices: list[int], seeds: list[int]) -> None:
+        self.dataset, self.indices, self.seeds = dataset, indices, seeds
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int) -> dict:
-        return self.dataset[self.indices[i]]
+        return self.dataset[self.indices[i]] | {"sample_seed": self.seeds[i]}
 
 
 class _Collate:
-    """Stack samples, then the processor (in the worker): model inputs with normalized pixel values."""
+    """Stack samples, then the processor and the image transform (in the worker): model inputs with
+    normalized pixel values."""
 
-    def __init__(self, data, processor) -> None:
-        from ._data import KEEP_KEYS, host_transform
+    def __init__(self, data, processor, augment: bool) -> None:
+        from ._data import KEEP_KEYS, host_transform, image_transform
 
         self.transform, self.keep = host_transform(data, processor), KEEP_KEYS
+        self.images = image_transform(processor, len(data.camera_keys), augment=augment, backend="torch")
 
     def __call__(self, samples: list[dict]) -> dict:
         import torch.utils.data as tud
 
-        out = self.transform(tud.default_collate(samples))
+        out = self.images(self.transform(tud.default_collate(samples)))
         return {k: out[k] for k in self.keep if k in out}
-
-
-def cpu_augmentation(processor, enabled: bool) -> None:
-    """The baseline augments on the CPU in its workers: random crop and the release's brightness, contrast
-    and saturation jitter in the processor's own image path (hue is left out: that path has none)."""
-    from ._data import RELEASE_JITTER
-
-    config = processor.config
-    config.train = enabled
-    if enabled:
-        for name in ("brightness", "contrast", "saturation"):
-            setattr(config, name, RELEASE_JITTER[name])

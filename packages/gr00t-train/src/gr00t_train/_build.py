@@ -29,20 +29,12 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     model = _gr00t.build_model(cfg, env.device, tokenizer)
     data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
     baseline = cfg.optimizations.data == "dataloader"
-    processor = _data.make_processor(
-        data,
-        model.config,
-        tokenizer,
-        # vla-io's pipeline: images go to the device as uint8 and are prepared there, per camera
-        augment_on_device=not baseline,
-        vlm_seq_len=cfg.model.vlm_seq_len,
-    )
+    processor = _data.make_processor(data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len)
     vlm_tokens = processor.config.vlm_seq_len
     flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
     if baseline:  # the ablation ladder's first row
-        from ._baselines import LeRobotStyleSource, cpu_augmentation
+        from ._baselines import LeRobotStyleSource
 
-        cpu_augmentation(processor, cfg.data.augment)
         source = LeRobotStyleSource(cfg, data, processor, env, check_first=model.validate_batch)
     else:
         source = _data.PipelineSource(_pipeline(cfg, env, data, processor), check_first=model.validate_batch)
@@ -68,7 +60,7 @@ def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
     """vla-io's pipeline: workers decode, the processor runs on the host thread, augmentation on the device."""
     import vla_io
 
-    augment = _data.device_augment(
+    augment = _data.image_transform(
         processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
     )
     pipeline = vla_io.Pipeline(

@@ -34,8 +34,6 @@ KEEP_KEYS = (
     "frame_index",
 )
 """What the training step receives of a pipeline batch (tensors only: graphs need fixed inputs)."""
-RELEASE_JITTER = {"brightness": 0.1, "contrast": 0.1, "saturation": 0.1, "hue": 36.0}
-"""The release's color jitter (0.1 each; hue 0.1 of a turn = 36 degrees)."""
 CAMERA_SLOTS = tuple(f"camera{i}" for i in range(16))
 """Batch keys the cameras travel under from the host step to the device step."""
 
@@ -172,13 +170,12 @@ def _spec(
 
 
 def make_processor(
-    data: TrainingData, model_config, tokenizer, *, augment_on_device: bool, vlm_seq_len: int | None
+    data: TrainingData, model_config, tokenizer, *, vlm_seq_len: int | None, image_mode: str = "passthrough"
 ) -> gr00t_model.GR00TProcessor:
-    """The GR00T processor for this dataset, padding prompts to one fixed length (graphs need it)."""
-    config = gr00t_model.ProcessorConfig(
-        num_images=len(data.camera_keys),
-        image_mode="passthrough" if augment_on_device else "torch",
-    )
+    """The GR00T processor for this dataset, padding prompts to one fixed length (graphs need it). In
+    training, images pass through untouched for `image_transform`; `infer` prepares them as deployment does,
+    in the processor ("torch")."""
+    config = gr00t_model.ProcessorConfig(num_images=len(data.camera_keys), image_mode=image_mode)
     processor = gr00t_model.GR00TProcessor(model_config, data.spec, tokenizer=tokenizer, config=config)
     if vlm_seq_len is None:  # the longest prompt of any task of the dataset
         tasks = list(data.dataset.meta.tasks.values())
@@ -191,8 +188,8 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
     """The pipeline's L2 step: raw collated batch -> model inputs (tokens, normalized state/action).
 
     Cameras stay separate (sizes and aspect ratios may differ): in the processor's passthrough mode each
-    goes on under its own key of CAMERA_SLOTS, for the device step to letterbox and resize, then stack.
-    `sample_seed` goes on too: it keys the device step's random crops and jitter (see `device_augment`).
+    goes on under its own key of CAMERA_SLOTS, for `image_transform` to letterbox and resize, then stack.
+    `sample_seed` goes on too: it keys that transform's random crops and jitter.
     """
     cameras, horizon = data.camera_keys, data.horizon
 
@@ -217,11 +214,13 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
     return transform
 
 
-def device_augment(processor, num_cameras: int, *, augment: bool, backend: str):
-    """The device step for uint8 frames (vla_io.ImageAugment), as the release prepares images: per camera,
-    letterbox to the model's aspect ratio, crop `crop_fraction` of each side (random place with `augment`,
-    the same for every camera of a sample as the release's replayed crop, else the centre), resize to the
-    model's image size; with `augment` the release's color jitter; then normalize and stack.
+def image_transform(processor, num_cameras: int, *, augment: bool, backend: str):
+    """The one image transform of training (vla_io.ImageAugment on uint8 frames, on the GPU in vla-io's
+    pipeline, on the CPU in the LeRobot-style baseline's workers), with the release's numbers from the
+    model's `image_spec`: per camera, letterbox to the model's aspect ratio, crop `crop_fraction` of each side
+    (random place with `augment`, the same for every camera of a sample as the release's replayed crop, else
+    the centre), resize to the model's image size; with `augment` the release's color jitter; then normalize
+    and stack under `pixel_values`.
 
     Random draws come from each sample's `sample_seed` (a function of the run's seed, the epoch and the
     sample's place in the epoch's global order, hence of the rank): identical after a resume, different
@@ -231,6 +230,12 @@ def device_augment(processor, num_cameras: int, *, augment: bool, backend: str):
 
     spec = processor.image_spec
     area = spec.crop_fraction**2
+    jitter = dict(
+        brightness=spec.brightness,
+        contrast=spec.contrast,
+        saturation=spec.saturation,
+        hue=spec.hue * 360.0,  # a fraction of a turn -> degrees
+    )
     config = vla_io.ImageTransformConfig(
         size=spec.size,
         crop_scale=(area, area),
@@ -240,7 +245,7 @@ def device_augment(processor, num_cameras: int, *, augment: bool, backend: str):
         same_across_views=True,
         mean=(spec.mean,) * 3,
         std=(spec.std,) * 3,
-        **(RELEASE_JITTER if augment else {}),
+        **(jitter if augment else {}),
     )
     return vla_io.ImageAugment(
         config, keys=list(CAMERA_SLOTS[:num_cameras]), backend=backend, stack_as="pixel_values"

@@ -91,7 +91,7 @@ def evaluate(
         cfg, model_horizon=model.config.action_horizon, progress=False, meta_dir=folder / DATASET_META
     )
     processor = _data.make_processor(
-        data, model.config, tokenizer, augment_on_device=False, vlm_seq_len=cfg.model.vlm_seq_len
+        data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len, image_mode="torch"
     )
     to_model = _data.host_transform(data, processor)
 
