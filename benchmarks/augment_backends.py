@@ -15,7 +15,7 @@ Measured, per configuration and backend:
   --synth-dir), `--workers` decoding workers, the step as its device transform, samples/s over `--seconds`
   after `--pipeline-warmup` batches; `--repeat` runs interleaved, medians reported.
 
-The rule `auto` follows (vla_io._augment_choice.MEASURED_FASTER): on a device, DALI is recorded as faster
+The rule `auto` follows (vla_io.augment.backend_choice.MEASURED_FASTER): on a device, DALI is recorded as faster
 when, in every configuration, its GPU ms per batch is lower than torch's by more than 5% and its pipeline
 samples/s is not lower by more than 5%; otherwise torch (which needs nothing beyond torch). The script
 prints the verdict and the line to put in MEASURED_FASTER; record the table in BENCHMARKS.md.
@@ -165,7 +165,7 @@ def verdict(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    from vla_io._augment_dali import dali_error
+    from vla_io.augment.dali_backend import dali_error
 
     backends = [b for b in BACKENDS if b == "torch" or dali_error() is None]
     if len(backends) < 2:
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     if faster is None:
         print("\nno verdict: the rule needs both backends and the pipeline rates (without --skip-pipeline)")
     else:
-        print(f"\nfaster on {device_type}: {faster}. In vla_io/_augment_choice.py: "
+        print(f"\nfaster on {device_type}: {faster}. In vla_io/augment/backend_choice.py: "
               f"MEASURED_FASTER = {{{device_type!r}: {faster!r}}}")  # fmt: skip
     if args.json:
         result = {

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import vla_io
-from vla_io import FrameCache, ImageAugment, ImageTransformConfig, LeRobotDataset, Pipeline
+from vla_io import ImageAugment, ImageTransformConfig, LeRobotDataset, Pipeline
+from vla_io.decode import FrameCache
 
 CHUNK = 16
 

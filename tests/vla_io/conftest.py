@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from vla_io import SynthConfig, write_synthetic_dataset
+from vla_io.testing import SynthConfig, write_synthetic_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 GR1 = REPO / "tests" / "data" / "gr1-picknplace"
@@ -87,7 +87,7 @@ def batches_equal():
 
 def skip_without(backend: str) -> None:
     """Skip (with the reason) when a decoder backend cannot load here, e.g. torchcodec without FFmpeg."""
-    from vla_io._decode import torchcodec_error
+    from vla_io.decode.ffmpeg import torchcodec_error
 
     if backend == "torchcodec" and torchcodec_error() is not None:
         pytest.skip(f"torchcodec cannot load: {torchcodec_error()}")

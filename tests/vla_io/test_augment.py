@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from vla_io import ImageAugment, ImageTransformConfig, LeRobotDataset, sample_params
-from vla_io._augment_torch import resample_weights, resize_uint8
+from vla_io import ImageAugment, ImageTransformConfig, LeRobotDataset
+from vla_io.augment import sample_params
+from vla_io.augment.torch_backend import resample_weights, resize_uint8
 
 # DALI vs torch, measured on real frames: max |difference| 0.0075 on the 0..255 scale before normalization
 TOLERANCE_255 = 0.02

@@ -10,8 +10,9 @@ import warnings
 from pathlib import Path
 
 import pytest
-from vla_io import LeRobotDataset, MissingExtraError, _ffmpeg, open_reader
+from vla_io import LeRobotDataset, MissingExtraError, open_reader
 from vla_io.cli import main
+from vla_io.decode import ffmpeg as _ffmpeg
 
 # what torchcodec raises when no FFmpeg it supports is on the loader path (shortened)
 LOAD_FAILURE = RuntimeError(

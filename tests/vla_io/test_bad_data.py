@@ -157,7 +157,7 @@ def test_a_dataset_without_readable_samples_still_fails(synth_root, tmp_path) ->
 
 
 def test_substitutes_are_spread_and_deterministic() -> None:
-    from vla_io._skips import substitute
+    from vla_io.pipeline.skips import substitute
 
     picks = [substitute(7, attempt, 1000) for attempt in range(1, 17)]
     assert picks == [substitute(7, attempt, 1000) for attempt in range(1, 17)]

@@ -6,9 +6,11 @@ import os
 
 import pytest
 import torch
-from vla_io import DatasetFormatError, FrameCache, LeRobotDataset, read_frame_marker
-from vla_io._augment_torch import resize_uint8
-from vla_io._cache import default_dir
+from vla_io import DatasetFormatError, LeRobotDataset
+from vla_io.augment.torch_backend import resize_uint8
+from vla_io.decode import FrameCache
+from vla_io.decode.frame_cache import default_dir
+from vla_io.testing import read_frame_marker
 
 
 def test_cache_at_source_size_returns_identical_batches(synth_root, tmp_path, batches_equal):

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from vla_io import LeRobotDataset
-from vla_io._cache import default_dir
 from vla_io.cli import main
+from vla_io.decode.frame_cache import default_dir
 
 
 def test_synth_then_info_then_cache(tmp_path, capsys):

@@ -13,8 +13,8 @@ from vla_io import (
     FrameTimestampError,
     LeRobotDataset,
     VideoDecodeError,
-    read_frame_marker,
 )
+from vla_io.testing import read_frame_marker
 
 FPS = 20
 CHUNK = {"action": [i / FPS for i in range(6)]}
@@ -191,7 +191,7 @@ def test_corrupt_video_names_file_episode_and_key(synth_root, tmp_path):
 
 
 def test_frame_count_mismatch_names_file_episode_and_key(synth_root, tmp_path):
-    from vla_io._video_write import VideoWriter
+    from vla_io.testing import VideoWriter
 
     root = _copy(synth_root("v2.1", "av1"), tmp_path)
     video = root / "videos/chunk-000/observation.images.image/episode_000002.mp4"

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 from vla_io import available_backends, open_reader
-from vla_io._decode import ReaderCache
+from vla_io.decode.readers import ReaderCache
 
 GR1_VIDEO = "videos/chunk-000/observation.images.ego_view/episode_000003.mp4"
 
@@ -80,7 +80,7 @@ def test_backend_errors(synth_root, tmp_path):
 @pytest.mark.gpu
 def test_nvdec_reader_returns_the_right_frames(synth_root, ref_frame):
     pytest.importorskip("torchcodec")
-    from vla_io import read_frame_marker
+    from vla_io.testing import read_frame_marker
 
     path = str(synth_root("v2.1", "h264") / "videos/chunk-000/observation.images.image/episode_000002.mp4")
     reader = open_reader(path, "torchcodec", device="cuda")

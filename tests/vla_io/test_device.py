@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from vla_io import LeRobotDataset, Pipeline
-from vla_io._device import HostToDevice
+from vla_io.pipeline.level3_device import HostToDevice
 
 
 def test_on_cpu_release_comes_at_once_and_shared_tensors_are_cloned():

@@ -265,7 +265,7 @@ def test_gpu_delivery_matches_reference(dataset, batches_equal):
 
 
 def test_affinity_is_automatic(dataset, synth_root):
-    from vla_io._workers import use_affinity
+    from vla_io.pipeline.routing import use_affinity
 
     assert not dataset.prefers_affinity()  # 4 files, 256 decoders per worker
     few = LeRobotDataset(synth_root("v2.1", "av1"), max_open_videos=2, progress=False)
@@ -274,7 +274,7 @@ def test_affinity_is_automatic(dataset, synth_root):
 
 
 def test_affinity_routes_each_episode_to_one_worker(dataset):
-    from vla_io._workers import AffinityRouter, assemble, plan_parts
+    from vla_io.pipeline.routing import AffinityRouter, assemble, plan_parts
 
     sampler = EpochSampler(len(dataset), 16, seed=4)
     router = AffinityRouter(dataset, 3)
@@ -298,7 +298,7 @@ def test_affinity_routes_each_episode_to_one_worker(dataset):
 
 
 def test_affinity_balances_samples_across_workers():
-    from vla_io._workers import AffinityRouter
+    from vla_io.pipeline.routing import AffinityRouter
 
     class Episodes:  # 150 episodes of 50..400 frames, like a real dataset
         def __init__(self):
@@ -367,7 +367,7 @@ def test_readme_example_runs(dataset):
 
 @pytest.mark.gpu
 def test_cuda_decoding_in_the_host_thread(synth_root):
-    from vla_io import read_frame_marker
+    from vla_io.testing import read_frame_marker
 
     ds = LeRobotDataset(synth_root("v2.1", "h264"), decode_device="cuda", image_dtype="uint8", progress=False)
     with Pipeline(ds, 4, num_workers=0, device="cuda", seed=1) as pipe:

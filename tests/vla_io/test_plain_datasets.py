@@ -13,14 +13,13 @@ from vla_io import (
     ImageAugment,
     ImageTransformConfig,
     LeRobotDataset,
-    SynthConfig,
     dataset_stats,
-    read_frame_marker,
     write_synthetic_dataset,
 )
-from vla_io._augment_choice import auto_backend
-from vla_io._dataset_stats import stats_cache_path
-from vla_io._stats import feature_stats
+from vla_io.augment.backend_choice import auto_backend
+from vla_io.dataset.stats import feature_stats
+from vla_io.dataset.stats_cache import stats_cache_path
+from vla_io.testing import SynthConfig, read_frame_marker
 
 MIXED = SynthConfig(
     episodes=3, episode_length=16, cameras=("front", "wrist"), camera_sizes=((48, 96), (64, 64)),
@@ -117,7 +116,7 @@ def test_letterbox_agrees_between_backends(plain):
 
 
 def test_auto_backend_follows_the_recorded_measurement(monkeypatch):
-    import vla_io._augment_choice as choice
+    import vla_io.augment.backend_choice as choice
 
     monkeypatch.setattr(choice, "MEASURED_FASTER", {})
     assert auto_backend("cuda") == auto_backend("cpu") == "torch"  # nothing measured: torch

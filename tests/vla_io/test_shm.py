@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vla_io._shm import ALIGN, ArenaAllocator, ArenaViews, TensorRef
+from vla_io.pipeline.shm import ALIGN, ArenaAllocator, ArenaViews, TensorRef
 
 
 def _batch(arenas: ArenaAllocator, n: int, fill: int) -> dict:

@@ -9,8 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import vla_io
-from vla_io import SynthConfig, read_frame_marker
-from vla_io._video_write import VideoWriter
+from vla_io.testing import SYNTH_PRESETS, SynthConfig, VideoWriter, read_frame_marker
 
 
 def test_v21_layout_files(synth_root):
@@ -77,7 +76,7 @@ def test_rows_identify_themselves_and_stats_match(synth_root):
 
 
 def test_libero_preset_matches_the_brief():
-    cfg = vla_io.SYNTH_PRESETS["libero"]
+    cfg = SYNTH_PRESETS["libero"]
     assert (cfg.image_size, cfg.cameras, cfg.state_dim, cfg.action_dim, cfg.fps) == (
         256,
         ("image", "wrist_image"),

@@ -1,40 +1,36 @@
 """vla-io: LeRobot datasets (parquet + mp4), fast frame decoding, batched image transforms and a three-level
 async pipeline that keeps the GPU fed. See the package README for a tour.
 
-`import vla_io` is cheap: names are imported from their modules on first use.
+The names here are what you need to feed your own policy. The package is built from subpackages, one per
+job, each with its own `__all__`: `vla_io.dataset` (the LeRobot format), `vla_io.decode` (video readers,
+frame cache, whole-dataset check), `vla_io.pipeline` (sampler, workers, host thread, copy to the device),
+`vla_io.augment` (image transforms) and `vla_io.testing` (synthetic datasets and other fixtures).
+
+`import vla_io` is cheap: names (and subpackages) are imported on first use.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .__about__ import __version__
+from ._lazy import lazy_exports
 
 _EXPORTS = {
-    "LeRobotDataset": "._dataset",
-    "DatasetMeta": "._meta",
-    "Episode": "._meta",
-    "VideoSpan": "._meta",
-    "Modality": "._modality",
-    "ModalityEntry": "._modality",
-    "Pipeline": "._pipeline",
-    "PipelineConfig": "._pipeline_config",
-    "EpochSampler": "._sampler",
-    "collate": "._collate",
-    "ImageAugment": "._augment",
-    "ImageTransformConfig": "._augment_params",
-    "ImageParams": "._augment_params",
-    "sample_params": "._augment_params",
-    "available_backends": "._decode",
-    "open_reader": "._decode",
-    "FrameCache": "._cache",
-    "dataset_stats": "._dataset_stats",
+    "LeRobotDataset": ".dataset",
+    "DatasetMeta": ".dataset",
+    "dataset_stats": ".dataset",
+    "available_backends": ".decode",
+    "open_reader": ".decode",
+    "check_dataset": ".decode",
+    "Pipeline": ".pipeline",
+    "PipelineConfig": ".pipeline",
+    "EpochSampler": ".pipeline",
+    "collate": ".pipeline",
+    "ImageAugment": ".augment",
+    "ImageTransformConfig": ".augment",
+    "write_synthetic_dataset": ".testing",
     "user_cache_dir": "._user_cache",
-    "SynthConfig": "._synth",
-    "SYNTH_PRESETS": "._synth",
-    "write_synthetic_dataset": "._synth",
-    "read_frame_marker": "._synth",
     "VlaIoError": "._errors",
     "DatasetFormatError": "._errors",
     "VideoDecodeError": "._errors",
@@ -42,31 +38,34 @@ _EXPORTS = {
     "WorkerError": "._errors",
     "WorkerTimeoutError": "._errors",
     "MissingExtraError": "._errors",
-    "check_dataset": "._check",
 }
-_ALIASES = {"SYNTH_PRESETS": "PRESETS"}
+_SUBPACKAGES = ("augment", "dataset", "decode", "pipeline", "testing")
+_MOVED = {  # left the top level in 0.3.0; still found here, with a DeprecationWarning, until 0.4.0
+    "Episode": ".dataset",
+    "VideoSpan": ".dataset",
+    "Modality": ".dataset",
+    "ModalityEntry": ".dataset",
+    "FrameCache": ".decode",
+    "ImageParams": ".augment",
+    "sample_params": ".augment",
+    "SynthConfig": ".testing",
+    "SYNTH_PRESETS": ".testing",
+    "read_frame_marker": ".testing",
+}
 
 __all__ = [
     "__version__",
     "DatasetFormatError",
     "DatasetMeta",
-    "Episode",
     "EpochSampler",
-    "FrameCache",
     "FrameTimestampError",
     "ImageAugment",
-    "ImageParams",
     "ImageTransformConfig",
     "LeRobotDataset",
     "MissingExtraError",
-    "Modality",
-    "ModalityEntry",
     "Pipeline",
     "PipelineConfig",
-    "SYNTH_PRESETS",
-    "SynthConfig",
     "VideoDecodeError",
-    "VideoSpan",
     "VlaIoError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -75,35 +74,20 @@ __all__ = [
     "collate",
     "dataset_stats",
     "open_reader",
-    "read_frame_marker",
-    "sample_params",
     "user_cache_dir",
     "write_synthetic_dataset",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vla_io' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), _ALIASES.get(name, name))
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
+__getattr__, __dir__ = lazy_exports(
+    __name__, _EXPORTS, subpackages=_SUBPACKAGES, moved=_MOVED, removal="vla-io 0.4.0"
+)
 
 if TYPE_CHECKING:
-    from ._augment import ImageAugment
-    from ._augment_params import ImageParams, ImageTransformConfig, sample_params
-    from ._cache import FrameCache
-    from ._check import check_dataset
-    from ._collate import collate
-    from ._dataset import LeRobotDataset
-    from ._dataset_stats import dataset_stats
-    from ._decode import available_backends, open_reader
+    # subpackages, imported on first attribute access
+    from . import augment as augment
+    from . import dataset as dataset
+    from . import decode as decode
+    from . import pipeline as pipeline
+    from . import testing as testing
     from ._errors import (
         DatasetFormatError,
         FrameTimestampError,
@@ -113,11 +97,9 @@ if TYPE_CHECKING:
         WorkerError,
         WorkerTimeoutError,
     )
-    from ._meta import DatasetMeta, Episode, VideoSpan
-    from ._modality import Modality, ModalityEntry
-    from ._pipeline import Pipeline
-    from ._pipeline_config import PipelineConfig
-    from ._sampler import EpochSampler
-    from ._synth import PRESETS as SYNTH_PRESETS
-    from ._synth import SynthConfig, read_frame_marker, write_synthetic_dataset
     from ._user_cache import user_cache_dir
+    from .augment import ImageAugment, ImageTransformConfig
+    from .dataset import DatasetMeta, LeRobotDataset, dataset_stats
+    from .decode import available_backends, check_dataset, open_reader
+    from .pipeline import EpochSampler, Pipeline, PipelineConfig, collate
+    from .testing import write_synthetic_dataset

@@ -12,7 +12,7 @@ from .__about__ import __version__
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from ._synth import PRESETS, write_synthetic_dataset
+    from .testing.synth import SYNTH_PRESETS, write_synthetic_dataset
 
     changes = {
         name: value
@@ -29,7 +29,7 @@ def _synth(args: argparse.Namespace) -> int:
             changes[field] = False
     if args.grouped_names:
         changes["grouped_names"] = True
-    config = PRESETS[args.preset].with_(**changes)
+    config = SYNTH_PRESETS[args.preset].with_(**changes)
     root = write_synthetic_dataset(args.path, config, overwrite=args.overwrite)
     print(
         f"wrote {config.episodes} episodes ({sum(config.lengths())} frames, {config.version}, {config.codec}) to {root}"
@@ -55,14 +55,14 @@ def _camera_options(text: str) -> dict:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from ._info import describe
+    from .dataset.info import describe
 
     print(describe(args.path))
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ._check import check_dataset
+    from .decode.check import check_dataset
 
     report = check_dataset(
         args.path, workers=args.workers, progress=not args.no_progress, video_backend=args.backend
@@ -72,8 +72,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from ._cache import FrameCache
-    from ._dataset import LeRobotDataset
+    from .dataset.lerobot import LeRobotDataset
+    from .decode.frame_cache import FrameCache
 
     dataset = LeRobotDataset(args.path, image_dtype="uint8")
     cache = FrameCache.build(dataset, size=tuple(args.size) if args.size else None, directory=args.dir)
@@ -82,7 +82,7 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def _ffmpeg_libs(args: argparse.Namespace) -> int:
-    from ._ffmpeg import link_pyav_ffmpeg
+    from .decode.ffmpeg import link_pyav_ffmpeg
 
     out = link_pyav_ffmpeg(args.dir).resolve()
     print(f"linked PyAV's FFmpeg libraries in {out}; start Python with:\nexport LD_LIBRARY_PATH={out}")
@@ -91,14 +91,14 @@ def _ffmpeg_libs(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate for tests and docs)."""
-    from ._synth import CODECS, PRESETS, VERSIONS
+    from .testing.synth import CODECS, SYNTH_PRESETS, VERSIONS
 
     parser = argparse.ArgumentParser(prog="vla-io", description="LeRobot dataset tools")
     parser.add_argument("--version", action="version", version=f"vla-io {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     synth = sub.add_parser("synth", help="write a synthetic dataset with real encoded mp4 files")
     synth.add_argument("path")
-    synth.add_argument("--preset", choices=sorted(PRESETS), default="libero")
+    synth.add_argument("--preset", choices=sorted(SYNTH_PRESETS), default="libero")
     synth.add_argument("--version", dest="version", choices=VERSIONS, help="LeRobot layout (default v2.1)")
     synth.add_argument("--codec", choices=CODECS, help="video codec (default av1)")
     synth.add_argument("--episodes", type=int)

@@ -1,0 +1,119 @@
+"""The tabular part of a dataset (parquet rows) loaded once into numpy arrays, one per feature."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._errors import DatasetFormatError
+from .meta import DatasetMeta, Episode
+
+log = logging.getLogger(__name__)
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarray:
+    """A parquet column as numpy: lists become (N, D) arrays; floats become float32 (as LeRobot returns)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        if column.null_count:
+            raise DatasetFormatError(f"{where}: {column.null_count} null rows")
+        lengths = column.value_lengths().to_numpy(zero_copy_only=False) if len(column) else np.zeros(0, int)
+        if len(lengths) and (lengths != lengths[0]).any():
+            raise DatasetFormatError(
+                f"{where}: vector rows of different lengths {sorted(set(lengths.tolist()))}"
+            )
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        values = flat.reshape(len(column), int(lengths[0]) if len(lengths) else 0)
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        values = np.asarray(column.to_pylist(), dtype=object)
+    elif pa.types.is_struct(kind) or pa.types.is_binary(kind):
+        raise DatasetFormatError(f"{where}: unsupported column type {kind} (images stored in parquet)")
+    else:
+        values = column.to_numpy(zero_copy_only=False)
+    if values.dtype.kind == "f":
+        return values.astype(np.float32, copy=False)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    return values
+
+
+class FrameTable:
+    """Every parquet row of the selected episodes, concatenated in episode order.
+
+    `columns[key][row]` is one frame's value; `starts[e]`/`ends[e]` bound episode e's rows (position in
+    `episodes`), and `row_episode[row]` gives that position back.
+    """
+
+    def __init__(
+        self, meta: DatasetMeta, episodes: Sequence[Episode], strict: bool = True, progress: bool = True
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        self.episodes = list(episodes)
+        skip = set(meta.video_keys) | set(meta.image_keys)
+        by_file: dict[str, list[int]] = {}
+        for pos, ep in enumerate(self.episodes):
+            by_file.setdefault(str(ep.data_path), []).append(pos)
+        parts: dict[int, dict[str, np.ndarray]] = {}
+        files = tqdm(by_file.items(), desc="reading parquet", disable=not progress or len(by_file) < 50)
+        for path, positions in files:
+            parts.update(
+                self._read_file(path, [self.episodes[p] for p in positions], positions, skip, strict)
+            )
+        keys = list(parts[0]) if parts else []
+        for pos, part in parts.items():
+            if list(part) != keys:
+                raise DatasetFormatError(
+                    f"{self.episodes[pos].data_path}: columns {sorted(part)} differ from other files' {sorted(keys)}"
+                )
+        self.columns = {k: np.concatenate([parts[p][k] for p in range(len(self.episodes))]) for k in keys}
+        lengths = np.array([e.length for e in self.episodes], dtype=np.int64)
+        self.ends = np.cumsum(lengths)
+        self.starts = self.ends - lengths
+        self.row_episode = np.repeat(np.arange(len(self.episodes)), lengths)
+        if "frame_index" not in self.columns:  # some datasets lack it; it is the row's place in its episode
+            self.columns["frame_index"] = np.arange(len(self.row_episode)) - self.starts[self.row_episode]
+
+    def __len__(self) -> int:
+        return len(self.row_episode)
+
+    @staticmethod
+    def _read_file(
+        path: str, episodes: list[Episode], positions: list[int], skip: set[str], strict: bool
+    ) -> dict[int, dict[str, np.ndarray]]:
+        try:
+            table = pq.read_table(path)
+        except FileNotFoundError:
+            raise DatasetFormatError(f"{path}: data file of episode {episodes[0].index} not found") from None
+        except Exception as err:
+            raise DatasetFormatError(f"{path}: cannot read parquet ({err})") from err
+        names = [n for n in table.column_names if n not in skip]
+        if "episode_index" in table.column_names:
+            episode_of_row = column_to_numpy(table["episode_index"], f"{path}: episode_index")
+        elif len(episodes) == 1:
+            episode_of_row = np.full(table.num_rows, episodes[0].index)
+        else:
+            raise DatasetFormatError(
+                f"{path}: no 'episode_index' column in a file shared by several episodes"
+            )
+        out = {}
+        for pos, ep in zip(positions, episodes):
+            rows = np.flatnonzero(episode_of_row == ep.index)
+            if len(rows) != ep.length:
+                raise DatasetFormatError(
+                    f"{path}: episode {ep.index} has {len(rows)} rows but its metadata says length {ep.length}"
+                )
+            part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
+            out[pos] = {n: column_to_numpy(part[n], f"{path}: episode {ep.index}, key {n!r}") for n in names}
+            frame_index = out[pos].get("frame_index")
+            if strict and frame_index is not None and not np.array_equal(frame_index, np.arange(ep.length)):
+                raise DatasetFormatError(
+                    f"{path}: episode {ep.index}: 'frame_index' is not 0..{ep.length - 1}"
+                )
+        return out

@@ -1,0 +1,238 @@
+"""`vla-io check DATASET`: read every parquet row and decode every video frame of a dataset, in parallel, and
+list every problem by file, episode and frame: what training would otherwise run into hours in.
+
+Checked per episode: the data file's rows (count, `frame_index`, NaN/inf values), each camera's video (it
+opens, holds the episode's frames, every frame decodes at its expected time), and episodes that have data
+but are missing from the episodes index.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import DatasetFormatError
+from ..dataset.index_check import unindexed_episodes
+from ..dataset.meta import DatasetMeta
+from ..dataset.table import FrameTable
+from .ffmpeg import resolve_backend
+from .readers import BACKENDS, open_reader
+
+CHUNK = 32  # frames decoded per request; a failing chunk is retried frame by frame to find the bad ones
+TOLERANCE_S = 1e-4  # LeRobotDataset's default: a frame must come back at its expected time within this
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: where (file, episode, key, episode frames) and what."""
+
+    file: str
+    episode: int | None
+    key: str | None
+    frames: str
+    reason: str
+
+    def line(self) -> str:
+        """One line for the report."""
+        where = [self.file]
+        if self.episode is not None:
+            where.append(f"episode {self.episode}")
+        if self.key:
+            where.append(f"key {self.key!r}")
+        if self.frames:
+            where.append(f"frames {self.frames}")
+        return ", ".join(where) + f": {self.reason}"
+
+
+@dataclass
+class CheckReport:
+    """What `check_dataset` found."""
+
+    root: Path
+    episodes: int
+    data_files: int
+    videos: int
+    frames_decoded: int
+    seconds: float
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return not self.problems
+
+    def table(self) -> str:
+        """The report as text: a summary, then every problem."""
+        lines = [
+            f"dataset   {self.root}",
+            f"checked   {self.episodes} episodes: {self.data_files} data files, {self.videos} videos, "
+            f"{self.frames_decoded:,} frames decoded in {self.seconds:.1f} s",
+            f"problems  {len(self.problems) or 'none'}",
+        ]
+        return "\n".join(lines + [f"  {p.line()}" for p in self.problems])
+
+
+def check_dataset(
+    root: str | Path, *, workers: int | None = None, progress: bool = True, video_backend: str = "auto"
+) -> CheckReport:
+    """Check every data file and decode every video frame of the dataset at `root` (see the module doc)."""
+    if video_backend not in BACKENDS:
+        raise ValueError(f"video_backend must be one of {BACKENDS}, got {video_backend!r}")
+    started = time.perf_counter()
+    video_backend = resolve_backend(video_backend)  # loaded once here: forked workers inherit it
+    meta = DatasetMeta(root)
+    problems = [
+        Problem(
+            _rel(meta, path),
+            episode,
+            None,
+            "all",
+            "has data but is missing from the episodes index (ignored)",
+        )
+        for path, episode in unindexed_episodes(meta)
+    ]
+    jobs: list[tuple[Any, ...]] = []
+    by_file: dict[Path, list[int]] = {}
+    for pos, ep in enumerate(meta.episodes):
+        by_file.setdefault(ep.data_path, []).append(pos)
+    jobs += [("data", str(meta.root), positions) for positions in by_file.values()]
+    videos = 0
+    for ep in meta.episodes:
+        for key, span in ep.videos.items():
+            first = int(round(span.from_timestamp * meta.fps))
+            own_file = ep.dataset_from_index is None
+            jobs.append(
+                ("video", str(span.path), ep.index, key, first, ep.length, meta.fps, own_file, video_backend)
+            )
+            videos += 1
+    decoded = 0
+    for found, frames in _run_jobs(jobs, workers, progress):
+        problems += [Problem(_rel(meta, Path(p.file)), p.episode, p.key, p.frames, p.reason) for p in found]
+        decoded += frames
+    problems.sort(key=lambda p: (p.file, p.episode if p.episode is not None else -1, p.key or ""))
+    elapsed = time.perf_counter() - started
+    return CheckReport(meta.root, len(meta.episodes), len(by_file), videos, decoded, elapsed, problems)
+
+
+def _rel(meta: DatasetMeta, path: Path) -> str:
+    return str(path.relative_to(meta.root)) if path.is_relative_to(meta.root) else str(path)
+
+
+def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, progress: bool):
+    from tqdm.auto import tqdm
+
+    workers = workers or multiprocessing.cpu_count()
+    bar = tqdm(total=len(jobs), desc="checking", unit="file", disable=not progress)
+    if workers <= 1:
+        for job in jobs:
+            yield _run_job(job)
+            bar.update()
+        bar.close()
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        for future in as_completed([pool.submit(_run_job, job) for job in jobs]):
+            yield future.result()
+            bar.update()
+    bar.close()
+
+
+def _run_job(job: tuple[Any, ...]) -> tuple[list[Problem], int]:
+    return _check_data(*job[1:]) if job[0] == "data" else _check_video(*job[1:])
+
+
+def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
+    """Rows of one data file: count and frame_index per episode (FrameTable's own checks), finite values."""
+    meta = DatasetMeta(root)  # cheap, and nothing large crosses the process boundary
+    episodes = [meta.episodes[p] for p in positions]
+    path = episodes[0].data_path
+    skip = set(meta.video_keys) | set(meta.image_keys)
+    try:
+        columns = FrameTable._read_file(str(path), episodes, positions, skip, strict=True)
+    except DatasetFormatError as err:
+        return [Problem(str(path), None, None, "", str(err).removeprefix(f"{path}: "))], 0
+    problems = []
+    for pos, ep in zip(positions, episodes):
+        for key, values in columns[pos].items():
+            if values.dtype.kind != "f":
+                continue
+            bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+            if bad.any():
+                rows = np.flatnonzero(bad).tolist()
+                problems.append(
+                    Problem(str(path), ep.index, key, _ranges(rows), f"NaN/inf values in {len(rows)} row(s)")
+                )
+    return problems, 0
+
+
+def _check_video(
+    path: str, episode: int, key: str, first: int, length: int, fps: float, own_file: bool, backend: str
+) -> tuple[list[Problem], int]:
+    """Decode every frame of one episode in one video; bad frames are reported as episode frame ranges."""
+    try:
+        reader = open_reader(path, backend=backend)
+    except FileNotFoundError:
+        return [Problem(path, episode, key, "all", "video file not found")], 0
+    except Exception as err:
+        return [Problem(path, episode, key, "all", f"cannot open: {err}".replace(f"{path}: ", ""))], 0
+    problems = []
+    count = reader.num_frames
+    if count < first + length or (own_file and count != length):
+        problems.append(Problem(
+            path, episode, key, "",
+            f"the video has {count} frames but the episode needs frames {first}..{first + length - 1} ({length} rows)",
+        ))  # fmt: skip
+    bad: dict[int, str] = {}
+    decoded = 0
+    for start in range(first, first + length, CHUNK):
+        wanted = list(range(start, min(start + CHUNK, first + length)))
+        try:
+            decoded += _decode(reader, wanted, fps, bad)
+        except Exception:
+            for index in wanted:  # find exactly which frames fail
+                try:
+                    decoded += _decode(reader, [index], fps, bad)
+                except Exception as err:
+                    bad[index] = f"{type(err).__name__}: {err}".replace(f"{path}: ", "")
+    by_kind: dict[str, tuple[str, list[int]]] = {}  # errors that differ only in their numbers go together
+    for index, reason in sorted(bad.items()):
+        by_kind.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), (reason, []))[1].append(index - first)
+    for reason, frames in by_kind.values():
+        problems.append(
+            Problem(path, episode, key, _ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
+        )
+    return problems, decoded
+
+
+def _decode(reader: Any, indices: list[int], fps: float, bad: dict[int, str]) -> int:
+    """Decode `indices`; frames outside the file or at the wrong time go into `bad`. Returns frames decoded."""
+    inside = [i for i in indices if i < reader.num_frames]
+    for i in indices[len(inside) :]:
+        bad[i] = "beyond the end of the video"
+    if not inside:
+        return 0
+    _, pts = reader.frames_at(inside)
+    for i, t in zip(inside, np.asarray(pts, dtype=np.float64)):
+        if abs(t - i / fps) > TOLERANCE_S:
+            bad[i] = f"decoded at {t:.4f} s instead of {i / fps:.4f} s"
+    return len(inside)
+
+
+def _ranges(values: list[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)

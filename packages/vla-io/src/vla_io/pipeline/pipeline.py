@@ -1,0 +1,237 @@
+"""`Pipeline`: three asynchronous levels between a dataset and the training step.
+
+L1 worker processes load batches (decode + collate into shared memory; `level1_workers`); L2, a host
+thread, runs the caller's `transform` (e.g. a model processor) into a double buffer (`level2_host`); L3, a
+copy thread, moves batches through pinned buffers on a dedicated CUDA stream and runs the optional
+`device_transform` (e.g. GPU augmentation) there (`level3_device`); the consumer's stream waits on an
+event, never the host. `producer` starts and stops the three levels. Each level records how long
+its consumer waited on it. The order is a pure function of (seed, epoch, rank), so `state_dict()` resumes
+exactly, and `synchronous=True` produces the same batches in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from .config import PipelineConfig
+from .handoff import WaitStats
+from .level1_workers import load_batch
+from .level3_device import HostToDevice, hand_over, resolve_device, to_device
+from .producer import Producer
+from .sampler import EpochSampler
+from .skips import SkipLog
+
+log = logging.getLogger(__name__)
+Batch = dict[str, Any]
+_STATE_FIELDS = (
+    "seed", "world_size", "batch_size", "num_samples", "shuffle", "drop_last", "sample_window",
+)  # fmt: skip
+
+
+class _Background:
+    """The threads and workers a Pipeline runs. Stopped by `Pipeline.close()`, when the Pipeline is garbage
+    collected, and at interpreter exit (a `weakref.finalize`): a daemon thread still inside a torch op when
+    Python shuts down is killed there, which aborts the process ("terminate called without an active
+    exception"). The finalizer holds this object, never the Pipeline, so the Pipeline stays collectable."""
+
+    def __init__(self) -> None:
+        self.producer: Producer | None = None
+        self.lock = threading.Lock()
+
+    def stop(self) -> None:
+        with self.lock:
+            producer, self.producer = self.producer, None
+        if producer is not None:
+            producer.close()
+
+
+class Pipeline:
+    """Batches of `dataset`, delivered on `device`, one epoch per iteration.
+
+    ```python
+    with Pipeline(dataset, batch_size=16, transform=processor, device_transform=augment,
+                  num_workers=8, seed=0, rank=rank, world_size=world_size) as pipe:
+        for batch in pipe:       # one epoch; the next `for` continues with the next epoch
+            loss = model(**batch)
+    ```
+    `dataset` needs `__len__` and `get_batch(indices)` (like `LeRobotDataset`) or `__getitem__`.
+    Every batch carries `sample_seed` (int64, one per sample) for reproducible random augmentation.
+    Background threads and workers stop on `close()` (or leaving the `with` block), when the pipeline is
+    garbage collected, or at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        *,
+        transform: Callable[[Batch], Mapping[str, Any]] | None = None,
+        device_transform: Callable[[Batch], Mapping[str, Any]] | None = None,
+        config: PipelineConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if config is None:
+            if batch_size is None:
+                raise TypeError("Pipeline needs batch_size (or a PipelineConfig)")
+            config = PipelineConfig(batch_size=batch_size, **options)
+        elif batch_size is not None or options:
+            config = dataclasses.replace(
+                config, **({"batch_size": batch_size} if batch_size else {}), **options
+            )
+        self.config, self.dataset = config, dataset
+        self.transform, self.device_transform = transform, device_transform
+        bounds = None
+        if config.sample_window > 1:
+            if not hasattr(dataset, "episode_bounds"):
+                raise ValueError("PipelineConfig.sample_window > 1 needs a dataset with episode_bounds()")
+            bounds = dataset.episode_bounds()
+        self.sampler = EpochSampler(
+            len(dataset), config.batch_size, seed=config.seed, rank=config.rank, world_size=config.world_size,
+            shuffle=config.shuffle, drop_last=config.drop_last, window=config.sample_window, bounds=bounds,
+        )  # fmt: skip
+        self.device = resolve_device(config.device)
+        decode_device = str(getattr(dataset, "decode_device", "cpu"))
+        if (
+            decode_device != "cpu"
+            and config.num_workers > 0
+            and config.start_method == "fork"
+            and not config.synchronous
+        ):
+            raise ValueError(
+                f"the dataset decodes on {decode_device!r}: CUDA cannot be used in forked workers; set "
+                "PipelineConfig.start_method='spawn' (or num_workers=0 to decode in the pipeline's host thread)"
+            )
+        self._epoch, self._batch = 0, 0
+        self._stats = WaitStats()
+        self._skips = SkipLog()
+        self._background = _Background()
+        self._finalizer = weakref.finalize(self, self._background.stop)
+
+    # -- iteration ------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return self.sampler.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The rest of the current epoch. Prefetching runs on across the epoch boundary (no bubble)."""
+        epoch = self._epoch
+        while self._epoch == epoch:
+            if self.config.synchronous:
+                batch = self._load_sync()
+            else:
+                tag, batch, event = self._ensure_producer().next(self._stats)
+                if tag != (self._epoch, self._batch):
+                    raise RuntimeError(
+                        f"pipeline delivered batch {tag}, expected {(self._epoch, self._batch)}"
+                    )
+                batch = hand_over(batch, event, self.device)
+                self._skips.deliver(tag)
+            self._advance()
+            yield batch
+
+    def _advance(self) -> None:
+        self._batch += 1
+        if self._batch == len(self):
+            self._epoch, self._batch = self._epoch + 1, 0
+        self._stats.batches += 1
+
+    def _load_sync(self) -> Batch:
+        task = self.sampler.task(self._epoch, self._batch)
+        start = time.perf_counter()
+        batch = load_batch(self.dataset, task, self.config.image_dtype, False, self.config.skip_bad_samples)
+        self._skips.take(batch, task.tag)
+        self._skips.deliver(task.tag)
+        self._stats.add("l1_wait", time.perf_counter() - start)
+        if self.transform is not None:
+            start = time.perf_counter()
+            batch = dict(self.transform(batch))
+            self._stats.add("transform", time.perf_counter() - start)
+        start = time.perf_counter()
+        batch = to_device(batch, self.device)
+        if self.device_transform is not None:
+            batch = dict(self.device_transform(batch))
+        self._stats.add("device", time.perf_counter() - start)
+        return batch
+
+    @property
+    def _producer(self) -> Producer | None:
+        """The running background levels, if any (tests and benchmarks inspect them)."""
+        return self._background.producer
+
+    def _ensure_producer(self) -> Producer:
+        background = self._background
+        with background.lock:
+            if background.producer is None:
+                background.producer = Producer(
+                    self.dataset, self.sampler, self.config, (self._epoch, self._batch),
+                    transform=self.transform, device_transform=self.device_transform,
+                    h2d=HostToDevice(self.device, self.config.device_buffers + 2), stats=self._stats,
+                    skips=self._skips,
+                )  # fmt: skip
+            return background.producer
+
+    # -- checkpointing --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the stream (the next batch to deliver) plus what must match on resume."""
+        return {
+            "epoch": self._epoch,
+            "batch": self._batch,
+            "seed": self.config.seed,
+            "world_size": self.config.world_size,
+            "batch_size": self.config.batch_size,
+            "num_samples": self.sampler.num_samples,
+            "shuffle": self.config.shuffle,
+            "drop_last": self.config.drop_last,
+            "sample_window": self.config.sample_window,
+            "skipped_samples": self._skips.count,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved position: the next batch is the one that followed it in the saved run."""
+        mine = self.state_dict()
+        for name in _STATE_FIELDS:
+            if name in state and state[name] != mine[name]:
+                raise ValueError(
+                    f"Pipeline state has {name}={state[name]!r}, this pipeline has {mine[name]!r}"
+                )
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if not 0 <= batch < len(self):
+            raise ValueError(f"Pipeline state batch {batch} outside [0, {len(self)})")
+        self._stop_producer()
+        self._epoch, self._batch = epoch, batch
+        self._skips.forget_pending()
+        self._skips.count = int(state.get("skipped_samples", 0))
+
+    # -- statistics and shutdown ----------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Seconds each level's consumer waited (l1: host thread on workers, l2: copy thread on the host
+        thread, l3: you on the copy thread), busy time of transform/device work, batches delivered."""
+        return self._stats.summary()
+
+    def reset_stats(self) -> None:
+        """Zero the statistics (e.g. after warm-up)."""
+        self._stats.reset()
+
+    def _stop_producer(self) -> None:
+        self._background.stop()
+
+    def close(self) -> None:
+        """Stop threads and workers. Iterating again starts them afresh at the current position."""
+        self._stop_producer()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
