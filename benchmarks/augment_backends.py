@@ -115,7 +115,7 @@ def dataset_for(sizes: list[tuple[int, int]], args) -> Path:
     tag = "-".join(f"{h}x{w}" for h, w in sizes)
     root = Path(args.synth_dir) / f"cams-{tag}-{args.episodes}x{args.length}"
     if not (root / "meta/info.json").exists():
-        cfg = vla_io.SynthConfig(
+        cfg = vla_io.testing.SynthConfig(
             episodes=args.episodes, episode_length=args.length, cameras=tuple(f"cam{i}" for i in range(len(sizes))),
             camera_sizes=tuple(sizes), modality=False,
         )  # fmt: skip

@@ -100,7 +100,7 @@ def dataset_root(args) -> Path:
     name = f"libero-{args.version}-{args.codec}-{args.image_size}px-{args.episodes}x{args.length}"
     root = Path(args.synth_dir) / name
     if not (root / "meta/info.json").exists():
-        cfg = vla_io.SYNTH_PRESETS["libero"].with_(
+        cfg = vla_io.testing.SYNTH_PRESETS["libero"].with_(
             version=args.version, codec=args.codec, episodes=args.episodes, episode_length=args.length,
             image_size=args.image_size,
         )  # fmt: skip

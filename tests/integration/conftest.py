@@ -17,7 +17,7 @@ def dataset(tmp_path_factory) -> Path:
     import vla_io
 
     root = tmp_path_factory.mktemp("data") / "libero-like"
-    config = vla_io.SynthConfig(episodes=3, episode_length=24, image_size=64, codec="h264")
+    config = vla_io.testing.SynthConfig(episodes=3, episode_length=24, image_size=64, codec="h264")
     vla_io.write_synthetic_dataset(root, config)
     return root
 

@@ -22,7 +22,7 @@ def ensure_dataset(path: Path) -> bool:
         return False
     import vla_io
 
-    vla_io.write_synthetic_dataset(path, vla_io.SynthConfig(**DEMO_DATASET))
+    vla_io.write_synthetic_dataset(path, vla_io.testing.SynthConfig(**DEMO_DATASET))
     return True
 
 
