@@ -16,7 +16,6 @@ logging, checkpoint and stop decisions."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +38,6 @@ from ._rng import seed_everything
 from ._run_checks import RunChecks
 from ._run_folder import RunClaim, claim_run
 from ._timing import StepTimer
-
-log = logging.getLogger(__name__)
 
 
 class Trainer:
