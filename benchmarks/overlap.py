@@ -67,7 +67,7 @@ def build(args: argparse.Namespace, mode: str, device: torch.device):
     with device:  # initialize on the device: a CPU init of hundreds of millions of weights takes seconds
         module = nn.Sequential(*(Layer(args.d_model, args.heads) for _ in range(args.layers)))
     fused = device.type == "cuda"
-    config = OverlapConfig(bucket_size=args.bucket_size, overlap_param_gather=mode == "zero1_overlap")
+    config = OverlapConfig(bucket_elements=args.bucket_size, overlap_param_gather=mode == "zero1_overlap")
     if mode == "local":
         return module, torch.optim.AdamW(module.parameters(), lr=1e-4, fused=fused)
     if mode == "ddp":

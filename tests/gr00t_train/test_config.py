@@ -6,6 +6,7 @@ import json
 
 import gr00t_train
 import pytest
+import torch
 from gr00t_train import ConfigError, TrainConfig, apply_overrides, load_config
 
 
@@ -181,3 +182,25 @@ def test_run_folder_and_data_health_settings() -> None:
         apply_overrides(TrainConfig(), ["data.worker_timeout_s=0"])
     with pytest.raises(ConfigError, match="checkpoint.existing_run: 'keep' is not one of"):
         apply_overrides(TrainConfig(), ["checkpoint.existing_run=keep"])
+
+
+def test_the_former_bucket_mb_key_still_loads(tmp_path, caplog) -> None:
+    # optimizations.bucket_mb was renamed bucket_mib (issue 15): run configs and checkpoints written before
+    # the rename load with the same value, from a file and from --set; giving both names is an error.
+    old = gr00t_train.config_to_dict(TrainConfig())
+    old["optimizations"]["bucket_mb"] = old["optimizations"].pop("bucket_mib") / 4
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with caplog.at_level("WARNING"):
+        cfg = load_config(tmp_path / "config.json")
+    assert cfg.optimizations.bucket_mib == 25.0 and "bucket_mib" in caplog.text
+    assert apply_overrides(cfg, ["optimizations.bucket_mb=7"]).optimizations.bucket_mib == 7.0
+    with pytest.raises(ConfigError, match="bucket_mib: given twice"):
+        apply_overrides(cfg, ["optimizations.bucket_mb=7", "optimizations.bucket_mib=8"])
+
+
+def test_bucket_mib_counts_bytes_of_the_fp32_gradient_buffers() -> None:
+    from gr00t_train._comm import bucket_elements
+
+    assert bucket_elements(100.0, torch.float32) == 26_214_400  # what `bucket_mb * 2**20 / 4` gave
+    assert bucket_elements(100.0, torch.bfloat16) == 52_428_800
+    assert bucket_elements(1e-9, torch.float32) == 1

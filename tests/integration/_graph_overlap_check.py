@@ -47,13 +47,13 @@ def train(mode: str, comm: str, device: torch.device) -> tuple[torch.Tensor, tor
     graphs = mode != "eager"
     stream = vla_graph.capture_stream(device) if graphs else contextlib.nullcontext()
     with stream:  # autograd nodes of the wrapper's hooks on the capture stream (vla_graph README)
-        wrapped, optimizer = vla_overlap.build_data_parallel(
-            model,
-            comm,
-            params=model.parameters(),
-            lr=1e-3,
-            config=vla_overlap.OverlapConfig(bucket_size=20_000, overlap_param_gather=False),
-        )
+        config = vla_overlap.OverlapConfig(bucket_elements=20_000, overlap_param_gather=False)
+        wrapped = vla_overlap.OverlapDataParallel(model, config)
+        params = list(model.parameters())
+        if comm == "zero1_overlap":
+            optimizer = vla_overlap.DistributedAdamW(wrapped, params, lr=1e-3)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=1e-3)
 
     def microbatch(batch: dict) -> torch.Tensor:
         # GraphedStep runs it under grad_sync.no_sync() / launch_in_backward() as the microbatch requires
@@ -70,7 +70,7 @@ def train(mode: str, comm: str, device: torch.device) -> tuple[torch.Tensor, tor
     losses = []
     for s in range(STEPS):
         losses += step(_batches(s, dist.get_rank(), device))
-        vla_overlap.clip_grad_norm_(wrapped, optimizer, 1.0)
+        wrapped.clip_grad_norm_(1.0)  # the sharded optimizer's clip under ZeRO-1
         optimizer.step()
     wrapped.finish_param_sync()
     if graphs and device.type == "cuda":

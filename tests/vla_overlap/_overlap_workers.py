@@ -4,13 +4,13 @@ training loops of torch DDP + AdamW (the reference) and of every vla_overlap mod
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import vla_overlap
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
@@ -88,6 +88,40 @@ def make_scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRSch
 
 ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False)
 
+COMM_MODES = ("allreduce_after_backward", "ddp", "overlap", "zero1_overlap")
+"""The modes a training loop switches between by name: our wrapper reducing after backward, torch DDP (the
+reference), our wrapper overlapping, and ZeRO-1 (DistributedAdamW) on top of it."""
+
+
+def build_comm_mode(
+    module: nn.Module, mode: str, *, process_group: Any, config: OverlapConfig | None = None, **adamw: Any
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """(model, AdamW over every trainable parameter) of one COMM_MODES entry, built from `module`."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if mode == "ddp":
+        ddp = DistributedDataParallel(module, process_group=process_group)
+        return ddp, torch.optim.AdamW(params, **adamw)
+    config = config if config is not None else OverlapConfig()
+    if mode == "allreduce_after_backward":
+        config = dataclasses.replace(config, overlap_grad_reduce=False)
+    model = OverlapDataParallel(module, config, process_group=process_group)
+    if mode == "zero1_overlap":
+        return model, DistributedAdamW(model, params, **adamw)
+    return model, torch.optim.AdamW(params, **adamw)
+
+
+def clip_grad_norm(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Clip to a global norm in any mode, as a loop that switches modes does: DistributedAdamW's own clip
+    (over every rank's shard), else torch's clip over the optimizer's parameters in its order (our wrapper
+    first finishes the gradient sync)."""
+    if isinstance(opt, DistributedAdamW):
+        return opt.clip_grad_norm_(max_norm)
+    if isinstance(model, OverlapDataParallel):
+        model.finish_grad_sync()
+    return torch.nn.utils.clip_grad_norm_(
+        [p for group in opt.param_groups for p in group["params"]], max_norm
+    )
+
 
 def run_steps(
     ctx: Any,
@@ -114,7 +148,7 @@ def run_steps(
                 loss = F.mse_loss(out.float(), y.float()) / micro
                 loss.backward()
         if clip is not None:
-            norms.append(float(vla_overlap.clip_grad_norm_(model, opt, clip)))
+            norms.append(float(clip_grad_norm(model, opt, clip)))
         opt.step()
         sched.step()
     return norms
@@ -132,7 +166,7 @@ def build(
     ctx: Any,
     mode: str,
     group: Any = None,
-    bucket_size: int = 600,
+    bucket_elements: int = 600,
     overwrite: bool = True,
     **model_kwargs: Any,
 ):
@@ -145,7 +179,7 @@ def build(
     else:
         overlap = mode in ("overlap", "zero1", "zero1_sync_gather")
         config = OverlapConfig(
-            bucket_size=bucket_size,
+            bucket_elements=bucket_elements,
             overlap_grad_reduce=overlap,
             overlap_param_gather=mode == "zero1",
             overwrite_first_grad=overwrite,
@@ -188,7 +222,7 @@ def bf16_master_weights(ctx: Any, steps: int = 3, micro: int = 2, mixed: bool = 
     out = {}
     for gather_overlap in (True, False):
         module = _bf16_model(mixed)
-        config = OverlapConfig(bucket_size=600, overlap_param_gather=gather_overlap)
+        config = OverlapConfig(bucket_elements=600, overlap_param_gather=gather_overlap)
         model = OverlapDataParallel(module, config, process_group=ctx.group)
         assert len(model.layout.buffers) == (2 if mixed else 1)
         opt = DistributedAdamW(model, **ADAMW)
@@ -271,7 +305,7 @@ def dispatch_log(ctx: Any, overlap: bool, micro: int = 3) -> dict[str, Any]:
     group's log and a second post-accumulate hook registered after the wrapper's."""
     module = make_model()
     model = OverlapDataParallel(
-        module, OverlapConfig(bucket_size=600, overlap_grad_reduce=overlap), process_group=ctx.deferred
+        module, OverlapConfig(bucket_elements=600, overlap_grad_reduce=overlap), process_group=ctx.deferred
     )
     events: list[tuple] = []
     log = ctx.deferred.log
@@ -377,7 +411,7 @@ def launched_in_backward(ctx: Any, sharded: bool) -> dict[str, Any]:
                     _patched(model._comm, "reduce_scatter", refuse),
                 ):
                     model.mark_grads_synced()
-                    norm = vla_overlap.clip_grad_norm_(model, opt, 1e9)  # sees the step as synchronized
+                    norm = clip_grad_norm(model, opt, 1e9)  # sees the step as synchronized
                 out["states"].append(("norm", float(norm) > 0))
             opt.step()
             sched.step()
@@ -391,7 +425,7 @@ def unused_params(ctx: Any, allow: bool, skip_rank: int) -> dict[str, Any]:
     use_extra = skip_rank not in (ctx.rank, 99)
     module = make_model(unused=True)
     module.use_extra = use_extra
-    config = OverlapConfig(bucket_size=600, allow_unused_params=allow)
+    config = OverlapConfig(bucket_elements=600, allow_unused_params=allow)
     model = OverlapDataParallel(module, config, process_group=ctx.group)
     opt = torch.optim.AdamW(model.trainable_parameters(), **ADAMW)
     try:
@@ -422,7 +456,7 @@ def checkpoint_resume(
     """Fresh (differently seeded) zero1 run that loads `saved` and continues; also re-saves right after
     loading to prove the round trip is lossless."""
     module = make_model(seed=123)
-    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
     opt = DistributedAdamW(model, param_groups(module), **ADAMW)
     sched = make_scheduler(opt)
     module.load_state_dict(saved["model"])
@@ -447,7 +481,7 @@ def misuse_errors(ctx: Any) -> dict[str, str]:
     def fresh(**config: Any) -> tuple[OverlapDataParallel, nn.Module]:
         module = make_model()
         return OverlapDataParallel(
-            module, OverlapConfig(bucket_size=600, **config), process_group=ctx.group
+            module, OverlapConfig(bucket_elements=600, **config), process_group=ctx.group
         ), module
 
     x, y = batch(0, 0, ctx.rank, ctx.world_size)
@@ -467,7 +501,7 @@ def misuse_errors(ctx: Any) -> dict[str, str]:
         module = make_model()
         module.requires_grad_(False)
         module.embed.requires_grad_(True)
-        model = OverlapDataParallel(module, OverlapConfig(bucket_size=1), process_group=ctx.group)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=1), process_group=ctx.group)
         model.zero_grad()
         h = module.embed(x)
         h = checkpoint(module.embed, h[:, :D_IN], use_reentrant=True)
@@ -554,15 +588,13 @@ def reentrant_checkpoint(ctx: Any) -> dict[str, Any]:
 
 
 def compare_build_modes(ctx: Any) -> dict[str, Any]:
-    """build_data_parallel in every COMM_MODES entry, with clipping through the uniform helper."""
+    """Every COMM_MODES entry built by name, with clipping through the uniform helper."""
     out = {}
-    for mode in vla_overlap.COMM_MODES:
+    for mode in COMM_MODES:
         module = make_model()
-        config = OverlapConfig(bucket_size=600)
+        config = OverlapConfig(bucket_elements=600)
         adamw = {k: v for k, v in ADAMW.items()}
-        model, opt = vla_overlap.build_data_parallel(
-            module, mode, config=config, process_group=ctx.group, **adamw
-        )
+        model, opt = build_comm_mode(module, mode, config=config, process_group=ctx.group, **adamw)
         norms = run_steps(ctx, model, opt, make_scheduler(opt), range(3), 2, clip=0.05)
         out[mode] = {"params": params_of(module), "norms": norms}
     return out
@@ -587,11 +619,11 @@ def clip_norm_order(ctx: Any) -> dict[str, float]:
     any CPU: seven values stay in the scalar tail of every vectorized norm kernel, and every square is exact."""
     grads = [1.0] + [0.875 * 2.0**-12] * 6
     out = {}
-    for mode in vla_overlap.COMM_MODES:
-        model, opt = vla_overlap.build_data_parallel(Scalars(grads), mode, process_group=ctx.group, **ADAMW)
+    for mode in COMM_MODES:
+        model, opt = build_comm_mode(Scalars(grads), mode, process_group=ctx.group, **ADAMW)
         model.zero_grad()
         model(torch.zeros(1)).backward()
-        out[mode] = float(vla_overlap.clip_grad_norm_(model, opt, max_norm=10.0))
+        out[mode] = float(clip_grad_norm(model, opt, max_norm=10.0))
     return out
 
 
@@ -615,7 +647,7 @@ def load_weights_into_running_zero1(ctx: Any) -> dict[str, bool]:
     loaded values must survive state_dict reads, a forward pass and an lr=0 step (stale fp32 masters or
     late gathers would bring the old weights back)."""
     module = make_model(dtype=torch.bfloat16)
-    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
     opt = DistributedAdamW(model, **ADAMW)
     run_steps(ctx, model, opt, make_scheduler(opt), range(1), 2, dtype=torch.bfloat16)
     assert model._gather.pending, "the scenario needs gathers still pending"
@@ -658,7 +690,7 @@ def fused_clip(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
     out = {}
     for fused in (False, True):
         module = make_model()
-        model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
         opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "foreach": None, "fused": fused})
         norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), micro, clip=0.05)
         out[f"fused={fused}"] = {
@@ -676,7 +708,7 @@ def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
     out = {}
     for flat in (None, "torch"):
         module = _bf16_model(mixed=True)
-        model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
         opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": flat})
         sched = make_scheduler(opt)
         norms = run_steps(
@@ -684,7 +716,9 @@ def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
         )
         saved = opt.state_dict()
         resumed_module = _bf16_model(mixed=True)
-        resumed = OverlapDataParallel(resumed_module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+        resumed = OverlapDataParallel(
+            resumed_module, OverlapConfig(bucket_elements=600), process_group=ctx.group
+        )
         other = DistributedAdamW(
             resumed, param_groups(resumed_module), **{**ADAMW, "flat": "torch" if flat is None else None}
         )
@@ -719,7 +753,7 @@ def replayed_buffers(ctx: Any) -> dict[str, Any]:
     not run), then the eager sync. The buffers are not zeroed at the step's start (overwrite_first_grad),
     and the sync must not mistake them for stale values."""
     module = make_model()
-    model = OverlapDataParallel(module, OverlapConfig(bucket_size=600), process_group=ctx.group)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
     params = model.trainable_parameters()
     x, y = batch(0, 0, ctx.rank, ctx.world_size)
     F.mse_loss(model(x), y).backward()  # one ordinary step first, so the buffers hold old values
@@ -740,7 +774,7 @@ def bf16_wire(ctx: Any, sharded: bool) -> dict[str, Any]:
     vs the mean computed the way the wire computes it (each rank's 1/world-scaled fp32 bucket rounded to
     bf16, summed in bf16), from every rank's known gradients."""
     module = make_model()
-    config = OverlapConfig(bucket_size=600, reduce_dtype=torch.bfloat16, overwrite_first_grad=False)
+    config = OverlapConfig(bucket_elements=600, reduce_dtype=torch.bfloat16, overwrite_first_grad=False)
     model = OverlapDataParallel(module, config, process_group=ctx.group)
     if sharded:
         DistributedAdamW(model, **ADAMW)
@@ -807,7 +841,7 @@ def _edge_build(
         model = DistributedDataParallel(module, process_group=ctx.group, find_unused_parameters=find_unused)
         return model, torch.optim.AdamW(params, **ADAMW)
     config = OverlapConfig(
-        bucket_size=config.pop("bucket_size", 600),
+        bucket_elements=config.pop("bucket_elements", 600),
         overlap_grad_reduce=mode != "allreduce_after_backward",
         overlap_param_gather=mode != "zero1_sync_gather",
         allow_unused_params=True,
@@ -820,14 +854,14 @@ def _edge_build(
     return model, torch.optim.AdamW(params, **ADAMW)
 
 
-def unused_everywhere(ctx: Any, bucket_size: int = 600, micro: int = 2) -> dict[str, Any]:
+def unused_everywhere(ctx: Any, bucket_elements: int = 600, micro: int = 2) -> dict[str, Any]:
     """Parameters no rank used in a step (and one never used) vs DDP, whose AdamW skips them (grad None).
-    bucket_size=1, micro=1: every parameter in a bucket of its own and one forward per step, so the lazy
+    bucket_elements=1, micro=1: every parameter in a bucket of its own and one forward per step, so the lazy
     gathers of the buckets after the branch are dispatched before backward on the ranks that run it only."""
     out = {}
     for mode in ("ddp", "overlap", "allreduce_after_backward", "zero1", "zero1_sync_gather", "zero1_flat"):
         module = _edge_module()
-        model, opt = _edge_build(ctx, mode, module, find_unused=True, bucket_size=bucket_size)
+        model, opt = _edge_build(ctx, mode, module, find_unused=True, bucket_elements=bucket_elements)
         grads_none = []
         for step in range(EDGE_STEPS):
             module.use_extra = _edge_uses_branch(step, ctx.rank)
@@ -841,7 +875,7 @@ def unused_everywhere(ctx: Any, bucket_size: int = 600, micro: int = 2) -> dict[
         if isinstance(opt, DistributedAdamW):
             # through a state dict round trip: the step counts a fresh optimizer read back (flat: per piece)
             fresh_module = _edge_module()
-            _, fresh_opt = _edge_build(ctx, mode, fresh_module, bucket_size=bucket_size)
+            _, fresh_opt = _edge_build(ctx, mode, fresh_module, bucket_elements=bucket_elements)
             fresh_opt.load_state_dict(opt.state_dict())
             saved = fresh_opt.state_dict()["state"]
             steps = {name: float(entry["step"]) for name, entry in saved.items() if "step" in entry}
@@ -886,7 +920,7 @@ def torch_clip_under_zero1(ctx: Any) -> dict[str, Any]:
             out[f"torch_clip_{step}"] = f"no error, returned {float(norm)}"
         except RuntimeError as error:
             out[f"torch_clip_{step}"] = str(error)
-        out[f"ours_{step}"] = float(vla_overlap.clip_grad_norm_(model, opt, 1.0))  # still works
+        out[f"ours_{step}"] = float(clip_grad_norm(model, opt, 1.0))  # still works
         opt.step()
     try:  # a backward after the step's sync, without zero_grad()
         F.mse_loss(model(x), y).backward()

@@ -10,15 +10,15 @@ from vla_overlap import OverlapConfig
 def test_defaults_overlap_everything() -> None:
     config = OverlapConfig()
     assert config.overlap_grad_reduce and config.overlap_param_gather
-    assert config.grad_reduce_dtype is torch.float32 and config.bucket_size == 40_000_000
+    assert config.grad_reduce_dtype is torch.float32 and config.bucket_elements == 40_000_000
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"bucket_size": 0}, "bucket_size must be a positive int"),
-        ({"bucket_size": True}, "bucket_size must be a positive int"),
-        ({"bucket_size": 2.5}, "bucket_size must be a positive int"),
+        ({"bucket_elements": 0}, "bucket_elements must be a positive int"),
+        ({"bucket_elements": True}, "bucket_elements must be a positive int"),
+        ({"bucket_elements": 2.5}, "bucket_elements must be a positive int"),
         ({"overlap_grad_reduce": 1}, "overlap_grad_reduce must be True or False"),
         ({"overlap_param_gather": "yes"}, "overlap_param_gather must be True or False"),
         ({"allow_unused_params": None}, "allow_unused_params must be True or False"),
@@ -37,5 +37,5 @@ def test_fields_are_keyword_only() -> None:
 
 
 def test_none_values_are_allowed_where_documented() -> None:
-    config = OverlapConfig(bucket_size=None, grad_reduce_dtype=None)
-    assert config.bucket_size is None and config.grad_reduce_dtype is None
+    config = OverlapConfig(bucket_elements=None, grad_reduce_dtype=None)
+    assert config.bucket_elements is None and config.grad_reduce_dtype is None

@@ -90,7 +90,7 @@ def test_training_raises_no_warnings(pool) -> None:
     assert pool.run("warnings_during_training", 2)[0] == []
 
 
-def test_build_data_parallel_covers_every_comm_mode(pool) -> None:
+def test_every_comm_mode_built_by_name_matches_ddp(pool) -> None:
     result = pool.run("compare_build_modes", 2)[0]
     # The non-sharded modes clip with torch's clip_grad_norm_ over the optimizer's parameters, in its order,
     # on the same gradients (the mean of 2 ranks is exact): the same kernels in the same order, bitwise.
@@ -103,11 +103,16 @@ def test_build_data_parallel_covers_every_comm_mode(pool) -> None:
     # each of the 3 steps can move a weight by at most about an ulp more: 3 eps of the largest weight.
     n = len(result["ddp"]["params"])
     torch.testing.assert_close(
-        torch.tensor(result["zero1_overlap"]["norms"]), torch.tensor(result["ddp"]["norms"]), rtol=n * 2**-24, atol=0
+        torch.tensor(result["zero1_overlap"]["norms"]),
+        torch.tensor(result["ddp"]["norms"]),
+        rtol=n * 2**-24,
+        atol=0,
     )
     for name, expected in result["ddp"]["params"].items():
         bound = 3 * torch.finfo(torch.float32).eps * float(expected.abs().max())
-        torch.testing.assert_close(result["zero1_overlap"]["params"][name], expected, rtol=0, atol=bound, msg=name)
+        torch.testing.assert_close(
+            result["zero1_overlap"]["params"][name], expected, rtol=0, atol=bound, msg=name
+        )
 
 
 def test_clip_norm_order(pool) -> None:

@@ -79,7 +79,7 @@ def test_overlap_equals_single_gpu_training_bitwise(nccl) -> None:
     reference = make()
     train(reference, torch.optim.AdamW(reference.parameters(), lr=1e-3, fused=True), no_sync=False)
     module = make()
-    model = OverlapDataParallel(module, OverlapConfig(bucket_size=100_000), process_group=nccl)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=100_000), process_group=nccl)
     assert len(model.layout.buckets) > 3
     train(model, torch.optim.AdamW(model.trainable_parameters(), lr=1e-3, fused=True))
     for (name, a), b in zip(module.named_parameters(), reference.parameters()):
@@ -108,7 +108,7 @@ def test_zero1_bf16_parameters_follow_fused_fp32_master_weights(nccl, gather_ove
             for p, master in zip(reference.parameters(), masters):
                 p.copy_(master)
     module = make(torch.bfloat16)
-    config = OverlapConfig(bucket_size=100_000, overlap_param_gather=gather_overlap)
+    config = OverlapConfig(bucket_elements=100_000, overlap_param_gather=gather_overlap)
     model = OverlapDataParallel(module, config, process_group=nccl)
     opt = DistributedAdamW(model, lr=1e-3)
     assert opt.inner.defaults["fused"] is True
@@ -127,7 +127,7 @@ def test_explicit_grad_sync_is_capturable_in_a_cuda_graph(nccl, sharded: bool) -
     """What a full-iteration graph replayer does: zero the buffers, accumulate into main_grad, reduce."""
     module = make()
     # it adds into main_grad itself: buffers zeroed at each step's start
-    config = OverlapConfig(bucket_size=100_000, overwrite_first_grad=False)
+    config = OverlapConfig(bucket_elements=100_000, overwrite_first_grad=False)
     model = OverlapDataParallel(module, config, process_group=nccl)
     if sharded:
         DistributedAdamW(model, lr=1e-3)

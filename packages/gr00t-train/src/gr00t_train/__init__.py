@@ -1,5 +1,5 @@
 """gr00t-train: the GR00T N1.6 trainer and the `gr00t-train` CLI, wiring vla-io, vla-overlap, vla-graph and
-gr00t-model together. See the package README."""
+gr00t-model together. See the package README ("How it is built"); the loop and the step are in `_trainer.py`."""
 
 from .__about__ import __version__
 from ._checkpoint import Checkpointer

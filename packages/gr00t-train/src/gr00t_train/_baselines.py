@@ -1,12 +1,26 @@
-"""What the ablation ladder's baseline rows run and no library needs: torch DDP behind the GradSync protocol,
-and the LeRobot-style data path (a torch DataLoader over single samples)."""
+"""What the ablation ladder's baseline rows run and no library needs: torch DDP with torch's AdamW behind the
+GradSync protocol (`optimizations.comm=ddp`), and the LeRobot-style data path (`optimizations.data=dataloader`:
+a torch DataLoader over single samples). The third baseline, reducing every bucket after backward
+(`comm=allreduce_after_backward`), is vla-overlap's wrapper with `overlap_grad_reduce=False` (`_comm.py`)."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
+
+
+def ddp_with_adamw(
+    model: nn.Module, groups: list[dict[str, Any]], adamw: dict[str, Any]
+) -> tuple[nn.parallel.DistributedDataParallel, torch.optim.AdamW]:
+    """torch DistributedDataParallel around `model` (on its device, the default process group) and a torch
+    AdamW over the parameter `groups` with the `adamw` options."""
+    device = next(model.parameters()).device
+    ids = [device] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return ddp, torch.optim.AdamW(groups, **adamw)
 
 
 class DDPGradSync:

@@ -102,10 +102,10 @@ def run_ladder(
             if kernels is None:
                 summary = trainer.fit()
             else:  # the throughput of the measured steps only, not of the profiled ones after them
+                from ._components.metrics import read_history
                 from ._metrics import summarize
-                from ._trainer import _read_history
 
-                history = _read_history(Path(cfg.output_dir) / "metrics.jsonl")[: warmup + steps]
+                history = read_history(Path(cfg.output_dir) / "metrics.jsonl")[: warmup + steps]
                 summary = summarize(history, warmup, trainer.throughput)
             results.append(
                 {

@@ -1,4 +1,6 @@
-"""Everything model- and data-specific of a run, built from the sibling packages into TrainParts."""
+"""GR00T's TrainParts: everything model- and data-specific of a run, built from the sibling packages (the
+dataset and processor from `_data`, the model, loss and random draws from `_gr00t`, the batch source from the
+data component). The Trainer (`_trainer.py`) trains whatever TrainParts it is given."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import gr00t_model
 import torch
 
 from . import _data, _gr00t
+from ._components.data import build_source
 from ._config import TrainConfig
 from ._distributed import DistEnv
-from ._errors import DataError
 from ._parts import TrainParts
 
 log = logging.getLogger(__name__)
@@ -28,16 +30,10 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     model = _gr00t.build_model(cfg, env.device, tokenizer)
     data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
-    baseline = cfg.optimizations.data == "dataloader"
     processor = _data.make_processor(data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len)
     vlm_tokens = processor.config.vlm_seq_len
     flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
-    if baseline:  # the ablation ladder's first row
-        from ._baselines import LeRobotStyleSource
-
-        source = LeRobotStyleSource(cfg, data, processor, env, check_first=model.validate_batch)
-    else:
-        source = _data.PipelineSource(_pipeline(cfg, env, data, processor), check_first=model.validate_batch)
+    source = build_source(cfg, env, data, processor, check_first=model.validate_batch)
     log.info(
         "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
         "%d samples per epoch; state %s, action %s (groups from %s)",
@@ -54,42 +50,6 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     )
     save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
     return model_parts(cfg, env, model, source, save, flops, tokens)
-
-
-def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
-    """vla-io's pipeline: workers decode, the processor runs on the host thread, augmentation on the device."""
-    import vla_io
-
-    augment = _data.image_transform(
-        processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
-    )
-    pipeline = vla_io.Pipeline(
-        data.dataset,
-        cfg.data.batch_size,
-        transform=_data.host_transform(data, processor),
-        device_transform=augment,
-        num_workers=cfg.data.num_workers,
-        prefetch_per_worker=cfg.data.prefetch,
-        seed=cfg.seed,
-        rank=env.rank,
-        world_size=env.world_size,
-        shuffle=cfg.data.shuffle,
-        device=str(env.device),
-        synchronous=cfg.optimizations.data == "sync",
-        timeout_s=cfg.data.worker_timeout_s,
-        skip_bad_samples=True,  # counted against data.max_bad_fraction by the loop
-        **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
-    )
-    if len(pipeline) == 0:
-        pipeline.close()
-        raise DataError(
-            f"data.batch_size: dataset {data.root} has {len(data.dataset)} samples, fewer than one batch of "
-            f"{cfg.data.batch_size} per rank on {env.world_size} rank(s)"
-        )
-    log.info(
-        "images prepared on %s with the %s backend", pipeline.device, augment.backend_for(pipeline.device)
-    )
-    return pipeline
 
 
 def save_dataset_meta(module: torch.nn.Module, folder: Path, data) -> None:

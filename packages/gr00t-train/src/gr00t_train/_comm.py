@@ -59,34 +59,57 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
     a ZeRO-1 sync captured there differs from eager at 2 GPUs (BENCHMARKS.md; issue 16)."""
     opts, optim = cfg.optimizations, cfg.optim
     graphs = opts.graph != "eager"
+    grad_dtype = torch.float32  # our comm modes accumulate and reduce gradients in fp32 buffers
     overlap = vla_overlap.OverlapConfig(
-        bucket_size=max(1, int(opts.bucket_mb * 2**20 / 4)),  # MiB of fp32 gradients -> elements
+        bucket_elements=bucket_elements(opts.bucket_mib, grad_dtype),
+        grad_reduce_dtype=grad_dtype,
         # Forward pre-hooks (Python) do not fire during graph replay: gather parameters in step() instead.
         overlap_param_gather=not graphs,
+        # The baseline reduces every bucket after backward, by definition.
+        overlap_grad_reduce=opts.comm != "allreduce_after_backward",
         reduce_dtype=torch.bfloat16 if opts.grad_reduce_dtype == "bfloat16" else None,
     )
+    groups = param_groups(model.named_parameters(), optim.weight_decay)
+    adamw = dict(lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+                 fused=opts.fused_optimizer)  # fmt: skip
     # Autograd nodes the wrapper keeps must live on the capture stream, or capture fails (vla_graph README).
     where = vla_graph.capture_stream() if graphs and env.device.type == "cuda" else nullcontext()
     with where:
-        wrapped, optimizer = vla_overlap.build_data_parallel(
-            model,
-            opts.comm,
-            params=param_groups(model.named_parameters(), optim.weight_decay),
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-            fused=opts.fused_optimizer,
-            config=overlap,
-        )
+        if opts.comm == "ddp":  # the ablation's baseline: torch's own wrapper and AdamW
+            from ._baselines import DDPGradSync, ddp_with_adamw
+
+            ddp, optimizer = ddp_with_adamw(model, groups, adamw)
+            return SyncPlan(ddp, optimizer, DDPGradSync(ddp), False, _clipper(optimizer))
+        wrapped = vla_overlap.OverlapDataParallel(model, overlap)
+        if opts.comm == "zero1_overlap":
+            optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw)
+        else:
+            optimizer = torch.optim.AdamW(groups, **adamw)
+    overlapped = opts.comm != "allreduce_after_backward"
+    in_graph = overlapped and opts.graph == "per_microbatch" and opts.sync_in_graph
+    return SyncPlan(wrapped, optimizer, wrapped.grad_sync, in_graph, _clipper(optimizer, wrapped))
+
+
+def bucket_elements(mib: float, grad_dtype: torch.dtype) -> int:
+    """`mib` MiB of gradient buffer in `grad_dtype` as vla-overlap's bucket size, which counts elements."""
+    itemsize = torch.empty((), dtype=grad_dtype).element_size()
+    return max(1, int(mib * 2**20 / itemsize))
+
+
+def _clipper(
+    optimizer: torch.optim.Optimizer, wrapped: vla_overlap.OverlapDataParallel | None = None
+) -> Callable[[float], torch.Tensor]:
+    """The clip of one mode: global norm before clipping, clipped to `max_norm` (0: measured, not clipped)."""
 
     def clip(max_norm: float) -> torch.Tensor:
-        return vla_overlap.clip_grad_norm_(wrapped, optimizer, max_norm if max_norm > 0 else math.inf)
+        max_norm = max_norm if max_norm > 0 else math.inf
+        if isinstance(optimizer, vla_overlap.DistributedAdamW):
+            return optimizer.clip_grad_norm_(max_norm)  # over every rank's shard
+        if wrapped is not None:
+            wrapped.finish_grad_sync()
+        # torch's clip over the optimizer's parameters in its order, as torch DDP + AdamW: the same norm.
+        return torch.nn.utils.clip_grad_norm_(
+            [p for g in optimizer.param_groups for p in g["params"]], max_norm
+        )
 
-    if opts.comm == "ddp":
-        from ._baselines import DDPGradSync
-
-        return SyncPlan(wrapped, optimizer, DDPGradSync(wrapped), False, clip)
-    overlapped = opts.comm != "allreduce_after_backward"  # the baseline reduces after backward by definition
-    in_graph = overlapped and opts.graph == "per_microbatch" and opts.sync_in_graph
-    return SyncPlan(wrapped, optimizer, wrapped.grad_sync, in_graph, clip)
+    return clip

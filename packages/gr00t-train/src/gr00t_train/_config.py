@@ -6,7 +6,7 @@ Every field has a default, can be set from a TOML/YAML file and overridden on th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ._config_types import check_fields, require
 
@@ -17,6 +17,9 @@ GraphMode = Literal["eager", "full_iteration", "per_microbatch"]
 
 class _Section:
     """Type-checks all fields, then runs the section's own range checks."""
+
+    renamed_fields: ClassVar[dict[str, str]] = {}
+    """Former field names still accepted when a config is read (old name -> current name)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -58,7 +61,9 @@ class DataConfig(_Section):
     num_workers: int = 4
     """Decoding worker processes (async data only)."""
     prefetch: int = 2
-    """Batches each level of the async pipeline keeps ready."""
+    """Batches each decoding worker keeps ready ahead of the host thread: vla-io's `prefetch_per_worker`, so
+    level 1 of the pipeline holds num_workers x prefetch batches (levels 2 and 3 are double buffers). Not
+    used by data=dataloader (its torch DataLoader keeps 2 per worker)."""
     decode_device: Literal["cpu", "cuda"] = "cpu"
     """Where video frames are decoded (cuda = NVDEC)."""
     augment: bool = True
@@ -153,6 +158,8 @@ class OptimConfig(_Section):
 class OptimizationsConfig(_Section):
     """One switch per speed-up, so each row of the ablation ladder is one command line."""
 
+    renamed_fields: ClassVar[dict[str, str]] = {"bucket_mb": "bucket_mib"}
+
     data: DataMode = "async"
     """async: vla-io's three-level pipeline; sync: the same, loaded in the training loop; dataloader: the
     LeRobot-style baseline (a torch DataLoader with workers over single samples, the processor in the
@@ -167,8 +174,9 @@ class OptimizationsConfig(_Section):
     """TF32 matmuls and convolutions for fp32 work on CUDA."""
     cudnn_benchmark: bool = True
     """cuDNN autotuning for fixed shapes."""
-    bucket_mb: float = 100.0
-    """Gradient bucket size for the overlap wrappers, in MiB."""
+    bucket_mib: float = 100.0
+    """Gradient bucket size of our comm modes, in MiB of gradient buffer (fp32: 100 MiB = 26.2 M elements).
+    Formerly `bucket_mb`, which configs and checkpoints may still use."""
     graph_warmup: int = 3
     """Eager steps before a CUDA graph is captured."""
     compile: Literal["auto", "on", "off"] = "auto"
@@ -190,7 +198,7 @@ class OptimizationsConfig(_Section):
     (else they run after the replay, exposed). The exposed part is then inside `compute` in the breakdown."""
 
     def _check(self) -> None:
-        require(self.bucket_mb > 0, "bucket_mb", f"must be > 0, got {self.bucket_mb}")
+        require(self.bucket_mib > 0, "bucket_mib", f"must be > 0, got {self.bucket_mib}")
         require(self.graph_warmup >= 1, "graph_warmup", f"must be >= 1, got {self.graph_warmup}")
         require(
             not self.bf16_weights or self.comm == "zero1_overlap",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from ._config_types import coerce, field_types
 from ._errors import ConfigError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -26,6 +28,7 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], base: T | None = Non
     """Build `cls` from a nested mapping, starting from `base` (or the defaults). Unknown keys are errors."""
     if not isinstance(data, Mapping):
         raise ConfigError("", f"expected a table of settings, got {type(data).__name__}")
+    data = _current_names(cls, data)
     hints = field_types(cls)
     unknown = sorted(set(data) - set(hints))
     if unknown:
@@ -45,6 +48,22 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], base: T | None = Non
         except ConfigError as err:
             raise (err.within(name) if dataclasses.is_dataclass(hint) else err) from None
     return cls(**values)
+
+
+def _current_names(cls: type, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with former field names (a section's `renamed_fields`) under their current names, so configs and
+    checkpoints written before a rename still load."""
+    renamed = getattr(cls, "renamed_fields", {})
+    if not any(old in data for old in renamed):
+        return data
+    current = dict(data)
+    for old, new in renamed.items():
+        if old in current:
+            if new in current:
+                raise ConfigError(new, f"given twice: as {new} and under its former name {old}")
+            log.warning("config setting %s is now called %s; read as such", old, new)
+            current[new] = current.pop(old)
+    return current
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -118,9 +118,6 @@ class CudaBackend:
         with torch.cuda.device(self.device):
             graph.replay()
 
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device)
-
 
 class EmulatedGraph:
     """Stands in for a CUDA graph off-GPU: replay runs the function again and writes the same outputs."""
@@ -158,9 +155,6 @@ class EmulatedBackend:
 
     def replay(self, graph: EmulatedGraph) -> None:
         graph.replay()
-
-    def synchronize(self) -> None:
-        pass
 
 
 def backend_for(device: torch.device, capture_error_mode: str) -> CudaBackend | EmulatedBackend:

@@ -7,7 +7,6 @@ step on a side stream while the next step's work that reads no trainable paramet
 """
 
 from .__about__ import __version__
-from ._build import COMM_MODES, build_data_parallel, clip_grad_norm_
 from ._config import OverlapConfig
 from ._layout import Layout, plan_layout
 from ._optimizer import DistributedAdamW
@@ -16,7 +15,6 @@ from ._update_stream import UpdateStream
 from ._wrapper import OverlapDataParallel
 
 __all__ = [
-    "COMM_MODES",
     "DistributedAdamW",
     "GradSync",
     "Layout",
@@ -25,7 +23,5 @@ __all__ = [
     "OverlapGradSync",
     "UpdateStream",
     "__version__",
-    "build_data_parallel",
-    "clip_grad_norm_",
     "plan_layout",
 ]

@@ -22,9 +22,10 @@ class OverlapConfig:
     `DistributedAdamW`, parameter all-gathers are prefetched by forward pre-hooks.
     """
 
-    bucket_size: int | None = 40_000_000
-    """Elements per bucket (a bucket closes once it holds at least this many); None = one bucket per
-    dtype buffer. Smaller buckets start communicating earlier in backward but launch more collectives."""
+    bucket_elements: int | None = 40_000_000
+    """Bucket size in elements, not bytes (a bucket closes once it holds at least this many; 40 M fp32
+    gradients are 160 MB); None = one bucket per dtype buffer. Smaller buckets start communicating earlier
+    in backward but launch more collectives."""
 
     overlap_grad_reduce: bool = True
     """Launch each bucket's reduction from the gradient hooks as soon as the bucket is complete (on the
@@ -60,13 +61,14 @@ class OverlapConfig:
     """Broadcast parameters and buffers from the group's first rank when the wrapper is built."""
 
     def __post_init__(self) -> None:
-        if self.bucket_size is not None and (
-            isinstance(self.bucket_size, bool)
-            or not isinstance(self.bucket_size, int)
-            or self.bucket_size < 1
+        if self.bucket_elements is not None and (
+            isinstance(self.bucket_elements, bool)
+            or not isinstance(self.bucket_elements, int)
+            or self.bucket_elements < 1
         ):
             raise ValueError(
-                f"OverlapConfig.bucket_size must be a positive int (elements) or None, got {self.bucket_size!r}"
+                "OverlapConfig.bucket_elements must be a positive int (elements) or None, "
+                f"got {self.bucket_elements!r}"
             )
         for name in (
             "overlap_grad_reduce",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ._comm import CommStream, Communicator
-from ._layout import Layout
+from ._layout import BucketedBuffers, Layout
 
 
 def accumulate_into(target: torch.Tensor, grad: torch.Tensor, first: bool) -> None:
@@ -22,7 +22,7 @@ def accumulate_into(target: torch.Tensor, grad: torch.Tensor, first: bool) -> No
         target.add_(grad)
 
 
-class GradBuckets:
+class GradBuckets(BucketedBuffers):
     """Contiguous gradient buffers (one per dtype pair), each parameter's `main_grad` view into them, and
     the asynchronous all-reduce (or reduce-scatter, when sharded) of every bucket."""
 
@@ -56,16 +56,6 @@ class GradBuckets:
         self._missing = [len(b.slots) for b in layout.buckets]
         self._ready = [False] * len(layout.slots)
         self._next = 0  # first bucket not launched yet
-
-    def bucket_view(self, bucket: int) -> torch.Tensor:
-        spec = self.layout.buckets[bucket]
-        return self.data[spec.buffer][spec.start : spec.end]
-
-    def shard_view(self, bucket: int) -> torch.Tensor:
-        """This rank's slice of a bucket: the reduced gradient it owns after a reduce-scatter."""
-        spec = self.layout.buckets[bucket]
-        lo, hi = spec.shard_range(self.comm.rank, self.comm.size)
-        return self.data[spec.buffer][lo:hi]
 
     def is_launched(self, slot: int) -> bool:
         return self.layout.slots[slot].bucket < self._next

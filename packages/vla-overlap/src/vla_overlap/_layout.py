@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -96,6 +97,26 @@ class Layout:
         return found
 
 
+class BucketedBuffers:
+    """What the gradient side (`GradBuckets`) and the parameter side (`ParamGather`) share: per-dtype flat
+    tensors `data` laid out by `layout`, split over the ranks of `comm` (its `rank` and `size`)."""
+
+    layout: Layout
+    comm: Any
+    data: list[torch.Tensor]
+
+    def bucket_view(self, bucket: int) -> torch.Tensor:
+        """The whole bucket, padding included: what one collective moves."""
+        spec = self.layout.buckets[bucket]
+        return self.data[spec.buffer][spec.start : spec.end]
+
+    def shard_view(self, bucket: int) -> torch.Tensor:
+        """This rank's slice of a bucket: what it owns after a reduce-scatter and sends to an all-gather."""
+        spec = self.layout.buckets[bucket]
+        lo, hi = spec.shard_range(self.comm.rank, self.comm.size)
+        return self.data[spec.buffer][lo:hi]
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -104,13 +125,13 @@ def plan_layout(
     params: Sequence[tuple[str, torch.dtype, int]],
     *,
     world_size: int,
-    bucket_size: int | None,
+    bucket_elements: int | None,
     grad_dtype: torch.dtype | None,
 ) -> Layout:
     """Lay out (name, dtype, numel) triples given in registration order.
 
     Parameters are placed in reverse registration order (a proxy for the order backward produces their
-    gradients); a bucket closes once it holds `bucket_size` elements, and buckets are numbered in the order
+    gradients); a bucket closes once it holds `bucket_elements` elements, and buckets are numbered in the order
     they close, which is the order their collectives must launch on every rank.
     """
     if world_size < 1:
@@ -140,7 +161,7 @@ def plan_layout(
         open_bucket.setdefault(buffer, (start, []))[1].append(len(slot_info))
         slot_info.append((name, buffer, start, numel))
         cursor[buffer] = start + numel
-        if bucket_size is not None and cursor[buffer] - open_bucket[buffer][0] >= bucket_size:
+        if bucket_elements is not None and cursor[buffer] - open_bucket[buffer][0] >= bucket_elements:
             close(buffer)
     # Remaining open buckets complete when their last parameter's gradient arrives: close them in that order.
     for buffer in sorted(open_bucket, key=lambda b: open_bucket[b][1][-1]):

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from ._comm import CommStream, Communicator
-from ._layout import Layout
+from ._layout import BucketedBuffers, Layout
 
 
-class ParamGather:
+class ParamGather(BucketedBuffers):
     """Moves each trainable parameter's storage into a contiguous per-dtype buffer (same offsets as the
     gradient buffers) and all-gathers that buffer bucket by bucket."""
 
@@ -43,11 +43,6 @@ class ParamGather:
         self._handles: dict[int, Any] = {}
         self._next = len(self._order)  # index into _order of the next gather to dispatch; none pending
 
-    def shard_view(self, bucket: int) -> torch.Tensor:
-        spec = self.layout.buckets[bucket]
-        lo, hi = spec.shard_range(self.comm.rank, self.comm.size)
-        return self.data[spec.buffer][lo:hi]
-
     @property
     def pending(self) -> bool:
         """True while some bucket still has to be gathered or waited for."""
@@ -61,11 +56,8 @@ class ParamGather:
 
     def _dispatch_next(self) -> None:
         bucket = self._order[self._next]
-        spec = self.layout.buckets[bucket]
         with self.stream.launch():
-            self._handles[bucket] = self.comm.all_gather(
-                self.data[spec.buffer][spec.start : spec.end], self.shard_view(bucket)
-            )
+            self._handles[bucket] = self.comm.all_gather(self.bucket_view(bucket), self.shard_view(bucket))
         self._next += 1
 
     def ensure(self, bucket: int) -> None:

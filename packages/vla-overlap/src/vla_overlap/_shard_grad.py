@@ -45,7 +45,7 @@ class ShardedGrad(torch.Tensor):
         raise RuntimeError(
             f"{func} on the .grad of {shown}: with DistributedAdamW (ZeRO-1) each rank holds only its shard of "
             "the synchronized gradients, so .grad is a placeholder until zero_grad(). To clip, call "
-            "optimizer.clip_grad_norm_(max_norm) or vla_overlap.clip_grad_norm_(model, optimizer, max_norm) "
+            "optimizer.clip_grad_norm_(max_norm) (or model.clip_grad_norm_(max_norm), which calls it) "
             "instead of torch.nn.utils.clip_grad_norm_. A backward pass after the step's gradient sync "
             "needs model.zero_grad() (or optimizer.zero_grad()) first."
         )

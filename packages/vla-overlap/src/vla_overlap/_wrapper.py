@@ -67,7 +67,7 @@ class OverlapDataParallel(nn.Module):
         self.layout: Layout = plan_layout(
             [(name, p.dtype, p.numel()) for name, p in named],
             world_size=self._comm.size,
-            bucket_size=self.config.bucket_size,
+            bucket_elements=self.config.bucket_elements,
             grad_dtype=self.config.grad_reduce_dtype,
         )
         by_name = dict(named)

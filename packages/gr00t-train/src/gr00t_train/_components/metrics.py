@@ -1,0 +1,162 @@
+"""The metrics component: what the loop records per step and reports per run.
+
+Each step's loss, gradient norm and phase times stay on the device (`add_step`); every `logging.every` steps
+(and before a checkpoint or a stop) `flush` syncs the host once for the whole window: the loss averaged over
+ranks, a non-finite loss named with the samples that hold NaN/inf, and one StepRecord per step written to
+metrics.jsonl, TensorBoard and the progress bar (`MetricsLogger`, `_metrics.py`). At the end, the summary,
+summary.json and the plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._config import TrainConfig
+from .._distributed import DistEnv
+from .._errors import NonFiniteLossError
+from .._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
+from .._parts import Batch, TrainParts, episode_ids
+from .._run_checks import SampleTags, describe_nonfinite, tag_samples
+from .._timing import StepTimer, StepTimes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A finished step whose loss and timings are still on the device."""
+
+    step: int
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+    episode_index: list[Any]
+    times: StepTimes
+    samples: list[SampleTags]
+
+
+class MetricsComponent:
+    """Step records from the step timer, their host sync per window, logs, summary and report."""
+
+    def __init__(
+        self, cfg: TrainConfig, env: DistEnv, parts: TrainParts, global_batch: int, timer: StepTimer
+    ) -> None:
+        self.cfg, self.env = cfg, env
+        self.timer, self.global_batch = timer, global_batch
+        self.out_dir = Path(cfg.output_dir)
+        device_name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
+        peak = peak_flops_for(device_name, cfg.logging.peak_tflops)
+        self.peak_tflops = None if peak is None else peak / 1e12
+        """The MFU denominator per device (TFLOP/s), None when unknown."""
+        if peak is not None:
+            log.info("MFU counts against %.0f TFLOP/s per %s (%s)", self.peak_tflops, device_name,
+                     "logging.peak_tflops" if cfg.logging.peak_tflops else "datasheet dense bf16 peak")  # fmt: skip
+        self.throughput = Throughput(  # the global batch's FLOPs against the peak of every rank's device
+            global_batch,
+            parts.tokens_per_sample,
+            parts.flops_per_sample,
+            None if peak is None else peak * env.world_size,
+        )
+        self._pending: list[_Pending] = []
+        self._logger: MetricsLogger | None = None
+
+    def open(self, start_step: int) -> None:
+        """Start logging a session that begins after `start_step` (a resume drops later lines)."""
+        self._pending = []
+        self._logger = MetricsLogger(
+            self.out_dir,
+            total_steps=self.cfg.steps,
+            start_step=start_step,
+            enabled=self.env.is_main,
+            progress=self.cfg.logging.progress,
+            tensorboard=self.cfg.logging.tensorboard,
+        )
+
+    @property
+    def records(self) -> list[StepRecord]:
+        """The steps of this session flushed so far."""
+        return self._logger.records if self._logger is not None else []
+
+    def add_step(
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, microbatches: list[Batch]
+    ) -> None:
+        """Keep a finished step (values on the device; per-sample NaN/inf flags computed there) and end its
+        timing."""
+        ids = [b.get("episode_index") for b in microbatches]
+        tags = [tag_samples(b) for b in microbatches]
+        self._pending.append(_Pending(step, loss, grad_norm, lr, ids, self.timer.end_step(), tags))
+
+    def flush(self) -> None:
+        """One host sync for the window of pending steps: global losses, non-finite check, records, logs.
+        Call once the optimizer's update is done (grad norms are its results)."""
+        pending, self._pending = self._pending, []
+        if pending:
+            self._logger.log(self._records(pending))
+
+    def _records(self, pending: list[_Pending]) -> list[StepRecord]:
+        local = torch.stack([p.loss for p in pending]).float()
+        global_loss = self.env.all_reduce_mean(local.clone()).cpu().tolist()
+        local = local.cpu().tolist()
+        norms = torch.stack([p.grad_norm.float() for p in pending]).cpu().tolist()
+        for p, value, mine in zip(pending, global_loss, local):
+            if not math.isfinite(value):
+                ids = _flat_ids(p.episode_index) if not math.isfinite(mine) else None
+                where = describe_nonfinite(p.samples) if not math.isfinite(mine) else None
+                raise NonFiniteLossError(
+                    p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank, where
+                )
+        return [
+            self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
+            for p, loss, norm in zip(pending, global_loss, norms)
+        ]
+
+    def close(self) -> None:
+        """Flush and close the outputs of the session."""
+        if self._logger is not None:
+            self._logger.close()
+
+    def summary(self, skipped_samples: int) -> RunSummary:
+        """Averages over the session's measured steps (the first `logging.summary_skip` left out)."""
+        summary = summarize(self.records, self.cfg.logging.summary_skip, self.throughput)
+        summary.skipped_samples = skipped_samples
+        return summary
+
+    def write_report(self, summary: RunSummary, facts: dict[str, Any]) -> None:
+        """summary.json (the summary, world size, global batch and `facts`) and, with logging.plots, the
+        plots of the whole run so far (earlier sessions included)."""
+        report = {
+            **summary.as_dict(),
+            "world_size": self.env.world_size,
+            "global_batch": self.global_batch,
+            **facts,
+        }
+        (self.out_dir / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        if self.cfg.logging.plots:
+            from .._plots import write_plots
+
+            write_plots(read_history(self.out_dir / "metrics.jsonl"), summary, self.out_dir)
+
+
+def _flat_ids(per_microbatch: list[Any]) -> list[int] | None:
+    ids: list[int] = []
+    for item in per_microbatch:
+        if item is None:
+            return None
+        ids += episode_ids({"episode_index": item}) or []
+    return ids
+
+
+def read_history(path: Path) -> list[StepRecord]:
+    """Every step of the run so far (earlier sessions included), last write of a step winning."""
+    by_step: dict[int, StepRecord] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            row = {k: (float(v) if isinstance(v, str) else v) for k, v in json.loads(line).items()}
+            by_step[int(row["step"])] = StepRecord(**row)
+    return [by_step[s] for s in sorted(by_step)]

@@ -1,0 +1,177 @@
+"""The model component: the model as the loop trains it.
+
+Built by the Trainer from `TrainParts.model`: its repeated blocks compiled (`optimizations.compile`), wrapped
+for data parallelism with its AdamW and a gradient-sync plan (`plan_grad_sync` in `_comm.py`: which object
+reduces gradients, and where, for every comm x graph mode), the learning-rate schedule, the optimizer's side
+stream (`optimizations.optimizer_overlap`) and vla_graph's GraphedStep, which runs the Trainer's
+`microbatch_step` over a step's microbatches eagerly, as one CUDA graph or one graph per microbatch
+(`optimizations.graph`), and drives the gradient sync."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import torch
+import vla_graph
+import vla_overlap
+
+from .._comm import SyncPlan, plan_grad_sync
+from .._config import TrainConfig
+from .._distributed import DistEnv
+from .._errors import ConfigError
+from .._parts import Batch, TrainParts
+from .._schedule import CosineSchedule
+from .._timing import StepTimer
+
+log = logging.getLogger(__name__)
+Phase = Callable[[str], AbstractContextManager]
+"""The step timer's `phase(name)`: times the enclosed block as `name`."""
+
+
+class ModelComponent:
+    """The model, its optimizer and how one step's forward, backward and gradient sync run."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        parts: TrainParts,
+        env: DistEnv,
+        microbatch_step: Callable[[Batch], torch.Tensor],
+        phase: Phase,
+    ) -> None:
+        """`microbatch_step(batch)` runs forward, loss and backward of one microbatch and returns its loss;
+        `phase` is the step timer's: the explicit gradient sync is timed with it as `comm`."""
+        self.cfg, self.env = cfg, env
+        self.compiled_blocks = _maybe_compile(cfg, parts, env)
+        self.plan: SyncPlan = plan_grad_sync(parts.model, cfg, env)
+        self.updates = vla_overlap.UpdateStream(env.device) if cfg.optimizations.optimizer_overlap else None
+        """The optimizer's side stream (optimizations.optimizer_overlap), else None."""
+        self.graphed_step = _graphed_step(cfg, parts, self.plan, microbatch_step, phase, self.updates)
+        self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """What forward is called on: the model inside its data-parallel wrapper."""
+        return self.plan.module
+
+    @property
+    def optimizer(self):
+        """AdamW (torch's, or vla_overlap's DistributedAdamW under ZeRO-1)."""
+        return self.plan.optimizer
+
+    def set_lr(self, step: int) -> float:
+        """The schedule's learning rate of 0-based step `step`, set on every parameter group."""
+        return self.schedule.apply(self.plan.optimizer, step)
+
+    def forward_backward(self, microbatches: list[Batch]) -> torch.Tensor:
+        """Zero the gradients, run every microbatch (forward + backward) and the gradient sync: gradients are
+        then the mean over microbatches and ranks. Returns the mean loss, detached, on the device."""
+        losses = self.graphed_step(microbatches)
+        return torch.stack([loss.float() for loss in losses]).mean()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The global gradient norm before clipping; clips to `max_norm` (0: no clipping)."""
+        return self.plan.clip_grad_norm(max_norm)
+
+    @contextmanager
+    def updating(self, timer: StepTimer) -> Iterator[None]:
+        """Where the optimizer step runs: on the compute stream (timed as `optimizer`), or on the side stream,
+        overlapping the next step's frozen forward (timed as `optimizer_overlapped`, not part of the step)."""
+        if self.updates is None:
+            with timer.phase("optimizer"):
+                yield
+            return
+        with self.updates.side(), timer.phase("optimizer_overlapped"):
+            yield
+
+    def wait_for_update(self) -> None:
+        """Before reading parameters or what the update produced (grad norms) outside the step."""
+        if self.updates is not None:
+            self.updates.wait()
+
+    def release(self) -> None:
+        """Free the captured graphs (they hold the NCCL collectives they captured: a communicator that live
+        graphs still use hangs when destroyed). The next call captures again."""
+        self.graphed_step.reset()
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize(self.env.device)
+
+
+def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv) -> int:
+    """torch.compile the model's repeated blocks when optimizations.compile says so; returns how many."""
+    mode = cfg.optimizations.compile
+    if mode == "off" or (mode == "auto" and env.device.type != "cuda"):
+        return 0
+    if parts.compile_model is None:
+        if mode == "on":
+            raise ConfigError("optimizations.compile", "this model offers no blocks to compile")
+        return 0
+    count = parts.compile_model()
+    log.info("compiling %d repeated blocks with torch.compile (on the first step)", count)
+    return count
+
+
+def _graphed_step(
+    cfg: TrainConfig,
+    parts: TrainParts,
+    plan: SyncPlan,
+    microbatch_step: Callable[[Batch], torch.Tensor],
+    phase: Phase,
+    updates: vla_overlap.UpdateStream | None,
+) -> vla_graph.GraphedStep:
+    """vla_graph's GraphedStep in the mode `optimizations.graph` names, driving the plan's gradient sync (with
+    the optimizer on its side stream, gradients are zeroed there, after the update)."""
+    sync = plan.grad_sync if updates is None else updates.grad_sync(plan.grad_sync)
+    return vla_graph.GraphedStep(
+        microbatch_step,
+        params=[(name, p) for name, p in parts.model.named_parameters() if p.requires_grad],
+        config=vla_graph.GraphConfig(
+            mode=cfg.optimizations.graph,
+            warmup_iters=cfg.optimizations.graph_warmup,
+            sync_in_graph=plan.sync_in_graph,
+        ),
+        draw=parts.draw,
+        grad_sync=TimedGradSync(sync, phase),
+    )
+
+
+class TimedGradSync:
+    """A GradSync that times the explicit sync (start + finish) as communication, except while a CUDA graph
+    is being captured (no timing events there): with the sync in a graph, its exposed part is in `compute`."""
+
+    def __init__(self, inner, phase: Phase) -> None:
+        self._inner, self._phase = inner, phase
+
+    def zero(self) -> None:
+        self._inner.zero()
+
+    def no_sync(self) -> AbstractContextManager:
+        return self._inner.no_sync()
+
+    def launch_in_backward(self) -> AbstractContextManager:
+        return self._inner.launch_in_backward()
+
+    def start(self) -> None:
+        if _capturing():
+            self._inner.start()
+            return
+        self._started = self._phase("comm")
+        self._started.__enter__()
+        self._inner.start()
+
+    def finish(self) -> None:
+        try:
+            self._inner.finish()
+        finally:
+            started, self._started = getattr(self, "_started", None), None
+            if started is not None:
+                started.__exit__(None, None, None)
+
+    def mark_synced(self) -> None:
+        self._inner.mark_synced()
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
