@@ -100,6 +100,36 @@ def test_an_episode_missing_from_the_index_is_reported(synth_root, tmp_path, cap
     assert "2 (episode_000002.parquet)" in caplog.text
 
 
+def _with_info(root: Path, source: Path, **fields) -> Path:
+    """A copy of `source` whose meta/info.json has `fields` replaced."""
+    shutil.copytree(source, root)
+    path = root / "meta" / "info.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return root
+
+
+@pytest.mark.parametrize("fps", [0, -20, "twenty", None, float("nan"), True], ids=repr)
+def test_a_bad_fps_is_rejected_when_the_metadata_loads(synth_root, tmp_path, capsys, fps) -> None:
+    # fps 0 used to pass, then fail as a ZeroDivisionError in `vla-io info`, in every frame of `vla-io check`
+    # and in training; a string failed as float()'s ValueError without naming the file.
+    root = _with_info(tmp_path / "bad-fps", synth_root("v2.1", "h264"), fps=fps)
+    expected = r"meta/info.json: field 'fps' must be a positive number, got "
+    for load in (vla_io.DatasetMeta, lambda r: vla_io.LeRobotDataset(r, progress=False)):
+        with pytest.raises(vla_io.DatasetFormatError, match=expected):
+            load(root)
+    for command in (["info", str(root)], ["check", str(root), "--no-progress", "--workers", "1"]):
+        assert main(command) == 2
+        captured = capsys.readouterr()
+        assert "info.json: field 'fps' must be a positive number" in captured.err
+        assert "ZeroDivisionError" not in captured.out + captured.err and "problems" not in captured.out
+
+
+def test_a_zero_chunks_size_is_rejected(synth_root, tmp_path) -> None:
+    root = _with_info(tmp_path / "bad-chunks", synth_root("v2.1", "h264"), chunks_size=0)
+    with pytest.raises(vla_io.DatasetFormatError, match="info.json: field 'chunks_size' must be a positive"):
+        vla_io.DatasetMeta(root)
+
+
 def _epoch(pipeline) -> list[dict]:
     return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()} for b in pipeline]
 
