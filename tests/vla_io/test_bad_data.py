@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -128,6 +129,45 @@ def test_a_zero_chunks_size_is_rejected(synth_root, tmp_path) -> None:
     root = _with_info(tmp_path / "bad-chunks", synth_root("v2.1", "h264"), chunks_size=0)
     with pytest.raises(vla_io.DatasetFormatError, match="info.json: field 'chunks_size' must be a positive"):
         vla_io.DatasetMeta(root)
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_a_task_index_without_a_task_is_an_error_naming_file_episode_and_rows(
+    synth_root, tmp_path, caplog, capsys, version
+) -> None:
+    # task_index 99 (the tasks are 0-3) used to become an empty prompt in silence; `vla-io check` said nothing.
+    root = tmp_path / "bad-task"
+    shutil.copytree(synth_root(version, "h264"), root)
+    meta = vla_io.DatasetMeta(root)
+    episode = meta.episodes[1]
+    table = pq.read_table(episode.data_path)
+    rows = np.flatnonzero(table.column("episode_index").to_numpy() == 1)[[2, 3]]  # episode 1, frames 2-3
+    task_index = table.column("task_index").to_numpy().copy()
+    task_index[rows] = 99
+    column = table.schema.get_field_index("task_index")
+    pq.write_table(table.set_column(column, "task_index", pa.array(task_index)), episode.data_path)
+    name = episode.data_path.name
+    tasks_file = "meta/tasks.parquet" if version == "v3.0" else "meta/tasks.jsonl"
+    reason = f"task_index 99 is not in {tasks_file} (task indices 0-3)"
+
+    with pytest.raises(
+        vla_io.DatasetFormatError, match=re.escape(f"{name}: episode 1, frames 2-3: {reason}")
+    ):
+        vla_io.LeRobotDataset(root, progress=False)
+    with caplog.at_level(logging.WARNING):
+        lenient = vla_io.LeRobotDataset(root, progress=False, strict=False, image_dtype="uint8")
+    assert f"{name}: episode 1, frames 2-3: {reason}" in caplog.text
+    start = int(lenient.episode_bounds()[1, 0])
+    assert lenient[start + 1]["task"] == meta.tasks[int(task_index[rows[0] - 1])]  # its neighbour reads
+    with pytest.raises(vla_io.DatasetFormatError, match=re.escape(f"{name}: episode 1, frame 3: {reason}")):
+        lenient.get_batch([0, start + 3])
+
+    report = vla_io.check_dataset(root, workers=1, progress=False)
+    assert [(p.file, p.episode, p.key, p.frames) for p in report.problems] == [
+        (str(episode.data_path.relative_to(root)), 1, "task_index", "2-3")
+    ]
+    assert main(["check", str(root), "--no-progress", "--workers", "1"]) == 1
+    assert f"key 'task_index', frames 2-3: {reason} in 2 row(s)" in capsys.readouterr().out
 
 
 def _epoch(pipeline) -> list[dict]:

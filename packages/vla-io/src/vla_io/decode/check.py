@@ -1,9 +1,9 @@
 """`vla-io check DATASET`: read every parquet row and decode every video frame of a dataset, in parallel, and
 list every problem by file, episode and frame: what training would otherwise run into hours in.
 
-Checked per episode: the data file's rows (count, `frame_index`, NaN/inf values), each camera's video (it
-opens, holds the episode's frames, every frame decodes at its expected time), and episodes that have data
-but are missing from the episodes index.
+Checked per episode: the data file's rows (count, `frame_index`, NaN/inf values, a `task_index` that names
+a task of the tasks file), each camera's video (it opens, holds the episode's frames, every frame decodes at
+its expected time), and episodes that have data but are missing from the episodes index.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from .._errors import DatasetFormatError
 from ..dataset.index_check import unindexed_episodes
 from ..dataset.meta import DatasetMeta
-from ..dataset.table import FrameTable
+from ..dataset.table import FrameTable, index_ranges, unknown_task_reason, unknown_task_rows
 from .ffmpeg import resolve_backend
 from .readers import BACKENDS, open_reader
 
@@ -150,7 +150,8 @@ def _run_job(job: tuple[Any, ...]) -> tuple[list[Problem], int]:
 
 
 def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
-    """Rows of one data file: count and frame_index per episode (FrameTable's own checks), finite values."""
+    """Rows of one data file: count and frame_index per episode (FrameTable's own checks), known task
+    indices, finite values."""
     meta = DatasetMeta(root)  # cheap, and nothing large crosses the process boundary
     episodes = [meta.episodes[p] for p in positions]
     path = episodes[0].data_path
@@ -161,6 +162,14 @@ def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
         return [Problem(str(path), None, None, "", str(err).removeprefix(f"{path}: "))], 0
     problems = []
     for pos, ep in zip(positions, episodes):
+        task_index = columns[pos].get("task_index")
+        bad_tasks = unknown_task_rows(meta, task_index) if task_index is not None else []
+        if len(bad_tasks):
+            reason = unknown_task_reason(meta, task_index[bad_tasks])
+            frames = index_ranges(bad_tasks)
+            problems.append(
+                Problem(str(path), ep.index, "task_index", frames, f"{reason} in {len(bad_tasks)} row(s)")
+            )
         for key, values in columns[pos].items():
             if values.dtype.kind != "f":
                 continue
@@ -168,7 +177,9 @@ def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
             if bad.any():
                 rows = np.flatnonzero(bad).tolist()
                 problems.append(
-                    Problem(str(path), ep.index, key, _ranges(rows), f"NaN/inf values in {len(rows)} row(s)")
+                    Problem(
+                        str(path), ep.index, key, index_ranges(rows), f"NaN/inf values in {len(rows)} row(s)"
+                    )
                 )
     return problems, 0
 
@@ -207,7 +218,7 @@ def _check_video(
         by_kind.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), (reason, []))[1].append(index - first)
     for reason, frames in by_kind.values():
         problems.append(
-            Problem(path, episode, key, _ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
+            Problem(path, episode, key, index_ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
         )
     return problems, decoded
 
@@ -224,15 +235,3 @@ def _decode(reader: Any, indices: list[int], fps: float, bad: dict[int, str]) ->
         if abs(t - i / fps) > TOLERANCE_S:
             bad[i] = f"decoded at {t:.4f} s instead of {i / fps:.4f} s"
     return len(inside)
-
-
-def _ranges(values: list[int]) -> str:
-    """[3, 4, 5, 9] -> '3-5, 9'."""
-    out, start = [], None
-    for i, v in enumerate(values):
-        if start is None:
-            start = v
-        if i + 1 == len(values) or values[i + 1] != v + 1:
-            out.append(str(start) if start == v else f"{start}-{v}")
-            start = None
-    return ", ".join(out)
