@@ -170,6 +170,52 @@ def test_a_task_index_without_a_task_is_an_error_naming_file_episode_and_rows(
     assert f"key 'task_index', frames 2-3: {reason} in 2 row(s)" in capsys.readouterr().out
 
 
+def _edit_column(path: Path, name: str, edit) -> None:
+    """Rewrite column `name` of a parquet file with edit(values) (a numpy copy of the column)."""
+    table = pq.read_table(path)
+    values = edit(table.column(name).to_numpy().copy())
+    index = table.schema.get_field_index(name)
+    pq.write_table(table.set_column(index, name, pa.array(values, table.schema.field(name).type)), path)
+
+
+def test_check_reports_timestamp_gaps_but_not_a_constant_offset(synth_root, tmp_path) -> None:
+    # Before: a gap (a dropped frame: every later timestamp one step late) passed `vla-io check` in silence,
+    # while the default frame_time="index" reads video frames and delta_timestamps windows by row.
+    root = tmp_path / "timestamps"
+    shutil.copytree(synth_root("v2.1", "h264"), root)
+    fps = vla_io.DatasetMeta(root).fps
+
+    def gap(t):
+        t[5:] += 1 / fps
+        t[12] += 0.5 / fps  # and one timestamp off by half a step: two more bad steps
+        return t
+
+    _edit_column(next(root.glob("data/**/episode_000001.parquet")), "timestamp", gap)
+    _edit_column(next(root.glob("data/**/episode_000002.parquet")), "timestamp", lambda t: t + 0.5)
+    report = vla_io.check_dataset(root, workers=1, progress=False)
+    found = [(p.episode, p.key, p.frames) for p in report.problems]
+    assert found == [(1, "timestamp", "5, 12-13")]  # the later frame of each bad step; episode 2 is fine
+    assert "timestamps are not 1/fps = 0.0500 s apart at 3 step(s), e.g. 0.1000 s from frame 4 to 5" in (
+        report.problems[0].reason
+    )
+
+
+def test_an_episode_index_column_that_disagrees_with_the_index_names_its_values(synth_root, tmp_path) -> None:
+    # It was an error before too, but it said only "0 rows": now it says what the file's column holds.
+    root = tmp_path / "episode-index"
+    shutil.copytree(synth_root("v2.1", "h264"), root)
+    path = next(root.glob("data/**/episode_000001.parquet"))
+    _edit_column(path, "episode_index", lambda e: e * 0 + 7)
+    expected = (
+        "episode_000001.parquet: episode 1 has 0 rows but its metadata says length 17 "
+        "(the file's 'episode_index' values: 7)"
+    )
+    with pytest.raises(vla_io.DatasetFormatError, match=re.escape(expected)):
+        vla_io.LeRobotDataset(root, progress=False)
+    report = vla_io.check_dataset(root, workers=1, progress=False)
+    assert [p.line() for p in report.problems] == [f"data/chunk-000/{expected}"]
+
+
 def _epoch(pipeline) -> list[dict]:
     return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()} for b in pipeline]
 

@@ -121,7 +121,8 @@ class FrameTable:
         except Exception as err:
             raise DatasetFormatError(f"{path}: cannot read parquet ({err})") from err
         names = [n for n in table.column_names if n not in skip]
-        if "episode_index" in table.column_names:
+        has_column = "episode_index" in table.column_names
+        if has_column:
             episode_of_row = column_to_numpy(table["episode_index"], f"{path}: episode_index")
         elif len(episodes) == 1:
             episode_of_row = np.full(table.num_rows, episodes[0].index)
@@ -133,8 +134,11 @@ class FrameTable:
         for pos, ep in zip(positions, episodes):
             rows = np.flatnonzero(episode_of_row == ep.index)
             if len(rows) != ep.length:
+                held = index_ranges(np.unique(episode_of_row).tolist())
+                column = f" (the file's 'episode_index' values: {held})" if has_column else ""
                 raise DatasetFormatError(
                     f"{path}: episode {ep.index} has {len(rows)} rows but its metadata says length {ep.length}"
+                    + column
                 )
             part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
             out[pos] = {n: column_to_numpy(part[n], f"{path}: episode {ep.index}, key {n!r}") for n in names}
