@@ -161,6 +161,11 @@ def test_a_task_index_without_a_task_is_an_error_naming_file_episode_and_rows(
     assert lenient[start + 1]["task"] == meta.tasks[int(task_index[rows[0] - 1])]  # its neighbour reads
     with pytest.raises(vla_io.DatasetFormatError, match=re.escape(f"{name}: episode 1, frame 3: {reason}")):
         lenient.get_batch([0, start + 3])
+    skipping = vla_io.Pipeline(
+        lenient, 4, synchronous=True, shuffle=False, device="cpu", skip_bad_samples=True
+    )
+    assert all("" not in batch["task"] for batch in skipping)
+    assert skipping.state_dict()["skipped_samples"] == 2
 
     report = vla_io.check_dataset(root, workers=1, progress=False)
     assert [(p.file, p.episode, p.key, p.frames) for p in report.problems] == [
