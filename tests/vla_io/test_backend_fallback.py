@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
-from vla_io import LeRobotDataset, MissingExtraError, open_reader
+from vla_io import LeRobotDataset, MissingExtraError, Pipeline, open_reader
 from vla_io.cli import main
 from vla_io.decode import ffmpeg as _ffmpeg
 
@@ -84,6 +86,23 @@ def test_torchcodec_not_installed(loader, synth_root):
         assert LeRobotDataset(root, progress=False).video_backend == "pyav"
     with pytest.raises(MissingExtraError, match=r"pip install 'vla-io\[torchcodec\]'"):
         LeRobotDataset(root, video_backend="torchcodec", progress=False)
+
+
+def test_forked_pyav_workers_deliver_after_the_parent_decoded(synth_root, batches_equal):
+    """The PyAV fallback with fork workers: the parent decoded first (a synchronous run, a look at a
+    sample), so each worker inherits open PyAV readers. A worker used to free them on its first read and
+    block forever inside FFmpeg (swscale's thread pool belongs to the parent), until the pipeline's
+    timeout. Now it sets them aside and opens its own; the first batch comes at once."""
+    ds = LeRobotDataset(synth_root("v2.1", "h264"), image_dtype="uint8", video_backend="pyav", progress=False)
+    options = dict(num_workers=1, start_method="fork", device="cpu", shuffle=False, timeout_s=20.0)
+    reference = ds.get_batch(np.arange(4))  # the parent opens (and decodes with) PyAV readers
+    assert type(ds._fetcher.readers.get(_video(synth_root("v2.1", "h264")))).__name__ == "PyAVReader"
+    started = time.monotonic()
+    with Pipeline(ds, 4, **options) as pipe:
+        first = next(iter(pipe))  # before the fix: WorkerTimeoutError after 20 s
+    assert time.monotonic() - started < 20.0
+    del first["sample_seed"]
+    batches_equal(reference, first)
 
 
 def test_summarize_other_failures():

@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,126 @@ def test_an_episode_missing_from_the_index_is_reported(synth_root, tmp_path, cap
     assert dataset.episode_indices == [0, 1]
     assert "1 episode(s) have data files but are missing from the episodes index" in caplog.text
     assert "2 (episode_000002.parquet)" in caplog.text
+
+
+def _with_info(root: Path, source: Path, **fields) -> Path:
+    """A copy of `source` whose meta/info.json has `fields` replaced."""
+    shutil.copytree(source, root)
+    path = root / "meta" / "info.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return root
+
+
+@pytest.mark.parametrize("fps", [0, -20, "twenty", None, float("nan"), True], ids=repr)
+def test_a_bad_fps_is_rejected_when_the_metadata_loads(synth_root, tmp_path, capsys, fps) -> None:
+    # fps 0 used to pass, then fail as a ZeroDivisionError in `vla-io info`, in every frame of `vla-io check`
+    # and in training; a string failed as float()'s ValueError without naming the file.
+    root = _with_info(tmp_path / "bad-fps", synth_root("v2.1", "h264"), fps=fps)
+    expected = r"meta/info.json: field 'fps' must be a positive number, got "
+    for load in (vla_io.DatasetMeta, lambda r: vla_io.LeRobotDataset(r, progress=False)):
+        with pytest.raises(vla_io.DatasetFormatError, match=expected):
+            load(root)
+    for command in (["info", str(root)], ["check", str(root), "--no-progress", "--workers", "1"]):
+        assert main(command) == 2
+        captured = capsys.readouterr()
+        assert "info.json: field 'fps' must be a positive number" in captured.err
+        assert "ZeroDivisionError" not in captured.out + captured.err and "problems" not in captured.out
+
+
+def test_a_zero_chunks_size_is_rejected(synth_root, tmp_path) -> None:
+    root = _with_info(tmp_path / "bad-chunks", synth_root("v2.1", "h264"), chunks_size=0)
+    with pytest.raises(vla_io.DatasetFormatError, match="info.json: field 'chunks_size' must be a positive"):
+        vla_io.DatasetMeta(root)
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_a_task_index_without_a_task_is_an_error_naming_file_episode_and_rows(
+    synth_root, tmp_path, caplog, capsys, version
+) -> None:
+    # task_index 99 (the tasks are 0-3) used to become an empty prompt in silence; `vla-io check` said nothing.
+    root = tmp_path / "bad-task"
+    shutil.copytree(synth_root(version, "h264"), root)
+    meta = vla_io.DatasetMeta(root)
+    episode = meta.episodes[1]
+    table = pq.read_table(episode.data_path)
+    rows = np.flatnonzero(table.column("episode_index").to_numpy() == 1)[[2, 3]]  # episode 1, frames 2-3
+    task_index = table.column("task_index").to_numpy().copy()
+    task_index[rows] = 99
+    column = table.schema.get_field_index("task_index")
+    pq.write_table(table.set_column(column, "task_index", pa.array(task_index)), episode.data_path)
+    name = episode.data_path.name
+    tasks_file = "meta/tasks.parquet" if version == "v3.0" else "meta/tasks.jsonl"
+    reason = f"task_index 99 is not in {tasks_file} (task indices 0-3)"
+
+    with pytest.raises(
+        vla_io.DatasetFormatError, match=re.escape(f"{name}: episode 1, frames 2-3: {reason}")
+    ):
+        vla_io.LeRobotDataset(root, progress=False)
+    with caplog.at_level(logging.WARNING):
+        lenient = vla_io.LeRobotDataset(root, progress=False, strict=False, image_dtype="uint8")
+    assert f"{name}: episode 1, frames 2-3: {reason}" in caplog.text
+    start = int(lenient.episode_bounds()[1, 0])
+    assert lenient[start + 1]["task"] == meta.tasks[int(task_index[rows[0] - 1])]  # its neighbour reads
+    with pytest.raises(vla_io.DatasetFormatError, match=re.escape(f"{name}: episode 1, frame 3: {reason}")):
+        lenient.get_batch([0, start + 3])
+    skipping = vla_io.Pipeline(
+        lenient, 4, synchronous=True, shuffle=False, device="cpu", skip_bad_samples=True
+    )
+    assert all("" not in batch["task"] for batch in skipping)
+    assert skipping.state_dict()["skipped_samples"] == 2
+
+    report = vla_io.check_dataset(root, workers=1, progress=False)
+    assert [(p.file, p.episode, p.key, p.frames) for p in report.problems] == [
+        (str(episode.data_path.relative_to(root)), 1, "task_index", "2-3")
+    ]
+    assert main(["check", str(root), "--no-progress", "--workers", "1"]) == 1
+    assert f"key 'task_index', frames 2-3: {reason} in 2 row(s)" in capsys.readouterr().out
+
+
+def _edit_column(path: Path, name: str, edit) -> None:
+    """Rewrite column `name` of a parquet file with edit(values) (a numpy copy of the column)."""
+    table = pq.read_table(path)
+    values = edit(table.column(name).to_numpy().copy())
+    index = table.schema.get_field_index(name)
+    pq.write_table(table.set_column(index, name, pa.array(values, table.schema.field(name).type)), path)
+
+
+def test_check_reports_timestamp_gaps_but_not_a_constant_offset(synth_root, tmp_path) -> None:
+    # Before: a gap (a dropped frame: every later timestamp one step late) passed `vla-io check` in silence,
+    # while the default frame_time="index" reads video frames and delta_timestamps windows by row.
+    root = tmp_path / "timestamps"
+    shutil.copytree(synth_root("v2.1", "h264"), root)
+    fps = vla_io.DatasetMeta(root).fps
+
+    def gap(t):
+        t[5:] += 1 / fps
+        t[12] += 0.5 / fps  # and one timestamp off by half a step: two more bad steps
+        return t
+
+    _edit_column(next(root.glob("data/**/episode_000001.parquet")), "timestamp", gap)
+    _edit_column(next(root.glob("data/**/episode_000002.parquet")), "timestamp", lambda t: t + 0.5)
+    report = vla_io.check_dataset(root, workers=1, progress=False)
+    found = [(p.episode, p.key, p.frames) for p in report.problems]
+    assert found == [(1, "timestamp", "5, 12-13")]  # the later frame of each bad step; episode 2 is fine
+    assert "timestamps are not 1/fps = 0.0500 s apart at 3 step(s), e.g. 0.1000 s from frame 4 to 5" in (
+        report.problems[0].reason
+    )
+
+
+def test_an_episode_index_column_that_disagrees_with_the_index_names_its_values(synth_root, tmp_path) -> None:
+    # It was an error before too, but it said only "0 rows": now it says what the file's column holds.
+    root = tmp_path / "episode-index"
+    shutil.copytree(synth_root("v2.1", "h264"), root)
+    path = next(root.glob("data/**/episode_000001.parquet"))
+    _edit_column(path, "episode_index", lambda e: e * 0 + 7)
+    expected = (
+        "episode_000001.parquet: episode 1 has 0 rows but its metadata says length 17 "
+        "(the file's 'episode_index' values: 7)"
+    )
+    with pytest.raises(vla_io.DatasetFormatError, match=re.escape(expected)):
+        vla_io.LeRobotDataset(root, progress=False)
+    report = vla_io.check_dataset(root, workers=1, progress=False)
+    assert [p.line() for p in report.problems] == [f"data/chunk-000/{expected}"]
 
 
 def _epoch(pipeline) -> list[dict]:

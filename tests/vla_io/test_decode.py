@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -55,15 +58,24 @@ def test_reader_cache_reuses_and_evicts(synth_root):
     assert cache.get(paths[0]) is not first and cache.opened == 4
 
 
-def test_reader_cache_starts_empty_after_fork(synth_root):
+def test_reader_cache_starts_empty_after_fork_and_never_frees_the_inherited_readers(synth_root):
     path = str(synth_root("v2.1", "av1") / "videos/chunk-000/observation.images.image/episode_000000.mp4")
     cache = ReaderCache(backend="pyav")
-    parent_reader = cache.get(path)
+    cache.get(path).frames_at([0, 3])  # decoding leaves FFmpeg state (a swscale thread pool) in the reader
+    parent_reader = weakref.ref(cache.get(path))  # only the cache holds it, as in a pipeline's dataset
     pid = os.fork()
-    if pid == 0:  # child: the inherited decoder must not be reused
-        os._exit(0 if cache.get(path) is not parent_reader else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0
+    if pid == 0:  # child: the inherited decoder must not be reused, nor freed (that blocked forever)
+        fresh = cache.get(path) is not parent_reader()
+        cache.clear()
+        os._exit(0 if fresh else 1)
+    deadline = time.monotonic() + 20.0
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child blocked for 20 s on the readers it inherited")
+    assert os.WEXITSTATUS(done[1]) == 0
 
 
 def test_backend_errors(synth_root, tmp_path):

@@ -3,7 +3,9 @@ statistics computed once and cached outside the dataset, letterboxed images of a
 
 from __future__ import annotations
 
+import errno
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from vla_io import (
     write_synthetic_dataset,
 )
 from vla_io.augment.backend_choice import auto_backend
+from vla_io.dataset import stats_cache
 from vla_io.dataset.stats import feature_stats
 from vla_io.dataset.stats_cache import stats_cache_path
 from vla_io.testing import SynthConfig, read_frame_marker
@@ -72,6 +75,57 @@ def test_statistics_are_computed_once_and_cached_outside(plain, tmp_path):
         assert np.asarray(again["action"]["max"]).tolist() == [9.0] * 7
     with pytest.raises(KeyError, match="no feature 'observation.velocity'"):
         dataset_stats(ds, ["observation.velocity"], cache_dir=cache)
+
+
+def _file_in_place_of_the_cache_folder(tmp_path, monkeypatch, ds):
+    """Real, and root hits it too: $VLA_IO_CACHE names an existing regular file."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("VLA_IO_CACHE", str(blocker))
+    return str(blocker / "stats"), "set VLA_IO_CACHE"
+
+
+def _folder_in_place_of_the_cache_file(tmp_path, monkeypatch, ds):
+    """Real, and root hits it too: the cache file's name is taken by a folder, so the final rename fails
+    (after the temporary file was written: it must not be left behind)."""
+    monkeypatch.setenv("VLA_IO_CACHE", str(tmp_path / "cache"))
+    stats_cache_path(ds).mkdir(parents=True)
+    return str(tmp_path / "cache" / "stats"), "set VLA_IO_CACHE"
+
+
+def _read_only_folder(tmp_path, monkeypatch, ds):
+    """Simulated: what a read-only cache folder raises for a non-root user. Tests run as root, whom
+    `chmod` does not stop, so the write itself is made to raise that PermissionError."""
+    cache = tmp_path / "read-only"
+
+    def refuse(path, data):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(stats_cache, "write_json_atomic", refuse)
+    return str(cache), "pass a writable cache_dir", cache
+
+
+@pytest.mark.parametrize(
+    "unwritable", [_file_in_place_of_the_cache_folder, _folder_in_place_of_the_cache_file, _read_only_folder]
+)
+def test_statistics_are_computed_when_the_cache_cannot_be_written(plain, tmp_path, monkeypatch, unwritable):
+    # Before: the PermissionError / NotADirectoryError of the cache write ended the run (training included).
+    ds = LeRobotDataset(plain, progress=False)
+    folder, how, *cache_dir = unwritable(tmp_path, monkeypatch, ds)
+    kwargs = {"cache_dir": cache_dir[0]} if cache_dir else {}
+    with read_only(plain), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = dataset_stats(ds, ["observation.state"], **kwargs)
+        # computed again (nothing was cached), without a second warning
+        second = dataset_stats(ds, ["observation.state", "action"], **kwargs)
+    expected = feature_stats(ds._table.columns["observation.state"].astype(np.float64))
+    for stats in (first, second):
+        np.testing.assert_allclose(stats["observation.state"]["mean"], expected["mean"])
+    assert set(second) == {"observation.state", "action"}
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    assert f"could not cache them in {folder} (" in messages[0] and how in messages[0]
+    assert not [p for p in tmp_path.rglob("*.tmp")]  # no half-written temporary files
 
 
 def test_own_statistics_are_used_when_complete(synth_root, tmp_path):

@@ -3,6 +3,7 @@ never the dataset's own folder, which is often read-only or shared."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,8 +30,14 @@ def dataset_folder(root: str | Path) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary name and rename it: readers (another rank) never see half a file."""
+    """Write JSON through a temporary name and rename it: readers (another rank) never see half a file.
+    Raises OSError when the folder cannot be created or written; the temporary file is removed then."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # no half-written leftovers (a full disk, a directory at `path`)
+            tmp.unlink(missing_ok=True)
+        raise

@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._errors import DatasetFormatError
 from ..decode.ffmpeg import resolve_backend
 from ..decode.frames import FrameFetcher, FrameRequest
 from ..decode.readers import BACKENDS, ReaderCache
 from ..pipeline.shm import shared_empty, to_shared
 from .meta import DatasetMeta, Episode
-from .table import FrameTable
+from .table import FrameTable, index_ranges, unknown_task_reason, unknown_task_rows
 
 log = logging.getLogger(__name__)
 IMAGE_DTYPES = ("float32", "uint8")
@@ -69,6 +70,7 @@ class LeRobotDataset:
         self._episodes = self._select_episodes(episodes)
         self.video_keys = self._resolve_video_keys(video_keys)
         self._table = FrameTable(self.meta, self._episodes, strict=strict, progress=progress)
+        self._check_task_indices(strict)
         self.delta_timestamps = self._check_deltas(delta_timestamps or {})
         self._delta_indices = {
             k: np.rint(np.asarray(v, dtype=np.float64) * self.fps).astype(np.int64)
@@ -179,7 +181,9 @@ class LeRobotDataset:
                 out[f"{key}_is_pad"] = pad
         task_index = self._table.columns.get("task_index")
         if task_index is not None:
-            out["task"] = [self.meta.tasks.get(int(t), "") for t in task_index[rows]]
+            out["task"] = [self.meta.tasks.get(int(t)) for t in task_index[rows]]
+            if None in out["task"]:  # strict=False lets such rows through construction, not into a batch
+                raise self._unknown_task_error(int(rows[out["task"].index(None)]))
         else:
             out["task"] = [(self._episodes[p].tasks or [""])[0] for p in pos]
         return _to_torch(out, image_dtype, self.video_keys, shared_memory)
@@ -207,6 +211,37 @@ class LeRobotDataset:
         return frames.view(b, t, *frames.shape[1:])
 
     # -- construction helpers -------------------------------------------------------------------------
+    def _check_task_indices(self, strict: bool) -> None:
+        """Rows whose task_index names no task would train on an empty prompt: an error (a warning with
+        strict=False; those samples then fail when read) naming data file, episode, frames and values."""
+        task_index = self._table.columns.get("task_index")
+        bad = unknown_task_rows(self.meta, task_index) if task_index is not None else []
+        if not len(bad):
+            return
+        positions = self._table.row_episode[bad]
+        parts = []
+        for pos in np.unique(positions)[:4]:
+            ep, rows = self._episodes[pos], bad[positions == pos]
+            frames = index_ranges(rows - self._table.starts[pos])
+            reason = unknown_task_reason(self.meta, task_index[rows])
+            parts.append(f"{ep.data_path}: episode {ep.index}, frames {frames}: {reason}")
+        more = len(np.unique(positions)) - len(parts)
+        text = (
+            f"{self.root}: {len(bad)} row(s) have a task_index that names no task: " + "; ".join(parts)
+            + (f"; and {more} more episode(s)" if more > 0 else "")
+            + ". `vla-io check` lists every row"
+        )  # fmt: skip
+        if strict:
+            raise DatasetFormatError(text + "; strict=False only fails the samples of those rows when read")
+        log.warning("%s; reading those samples will fail", text)
+
+    def _unknown_task_error(self, row: int) -> DatasetFormatError:
+        episode, frame = self.sample_location(row)
+        value = int(self._table.columns["task_index"][row])
+        path = self._episodes[int(self._table.row_episode[row])].data_path
+        reason = unknown_task_reason(self.meta, [value])
+        return DatasetFormatError(f"{path}: episode {episode}, frame {frame}: {reason}")
+
     def _select_episodes(self, episodes: Sequence[int] | None) -> list[Episode]:
         if episodes is None:
             return list(self.meta.episodes)

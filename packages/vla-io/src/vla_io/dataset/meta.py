@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,25 @@ def _read_parquet(path: Path) -> dict[str, list]:
         raise DatasetFormatError(f"{path}: cannot read parquet ({err})") from err
 
 
+def _positive_number(
+    info: Mapping[str, Any], name: str, path: Path, *, default: float | None = None, integer: bool = False
+) -> float:
+    """`info[name]`, checked to be a finite number > 0 (whole with `integer`): the reader divides by it, so
+    0, a negative number, NaN or a string would otherwise fail later as a ZeroDivisionError or worse."""
+    value = info.get(name, default)
+    valid = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+        and (not integer or float(value).is_integer())
+    )
+    if not valid:
+        kind = "a positive whole number" if integer else "a positive number"
+        raise DatasetFormatError(f"{path}: field {name!r} must be {kind}, got {value!r}")
+    return float(value)
+
+
 class DatasetMeta:
     """`info.json`, episodes, tasks, statistics and the optional modality file of one dataset.
 
@@ -92,7 +112,7 @@ class DatasetMeta:
         for name in ("fps", "features", "data_path"):
             if name not in self.info:
                 raise DatasetFormatError(f"{self.root / 'meta/info.json'}: missing field {name!r}")
-        self.fps = float(self.info["fps"])
+        self.fps = _positive_number(self.info, "fps", self.root / "meta/info.json")
         self.features: dict[str, dict[str, Any]] = dict(self.info["features"])
         self.video_keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
         self.image_keys = [k for k, f in self.features.items() if f.get("dtype") == "image"]
@@ -141,7 +161,8 @@ class DatasetMeta:
 
     def _episodes_v2(self) -> list[Episode]:
         path = self.root / "meta/episodes.jsonl"
-        chunks = int(self.info.get("chunks_size", 1000))
+        info_path = self.root / "meta/info.json"
+        chunks = int(_positive_number(self.info, "chunks_size", info_path, default=1000, integer=True))
         video_path = self.info.get("video_path")
         episodes = []
         for row in _read_jsonl(path):

@@ -7,13 +7,14 @@ import hashlib
 import json
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._user_cache import dataset_folder, user_cache_dir, write_json_atomic
+from .._user_cache import ENV, dataset_folder, user_cache_dir, write_json_atomic
 from .stats import Stats, feature_stats, stats_from_json, stats_to_json
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,9 @@ def dataset_stats(
     statistics combined) when they hold mean, std, min and max of the feature's width. Otherwise they are
     computed from the dataset's rows (min, max, mean, std, q01, q99) and cached under `cache_dir` (default
     `user_cache_dir()/stats`), keyed by the dataset's path, metadata, data files and selected episodes, so
-    the next run reads them back. Nothing is written into the dataset folder.
+    the next run reads them back. Nothing is written into the dataset folder. When the cache cannot be
+    written (a read-only folder, a file in its place), the statistics are returned all the same, with one
+    `RuntimeWarning` per folder that names it and how to move it.
     """
     columns = dataset._table.columns
     own = dataset.meta.stats or {}
@@ -55,8 +58,13 @@ def dataset_stats(
         values = np.asarray(columns[key], dtype=np.float64)
         cached[key] = feature_stats(values.reshape(len(values), -1))
     if new:
-        write_json_atomic(path, stats_to_json(cached))
-        log.info("computed statistics of %s from %d rows; cached in %s", new, len(dataset), path)
+        try:
+            write_json_atomic(path, stats_to_json(cached))
+        except OSError as err:
+            how = "pass a writable cache_dir" if cache_dir is not None else f"set {ENV} to a writable folder"
+            _warn_not_cached(str(path.parent), f"{type(err).__name__}: {err}", how)
+        else:
+            log.info("computed statistics of %s from %d rows; cached in %s", new, len(dataset), path)
     else:
         log.info("statistics of %s read from the cache %s", missing, path)
     out.update({k: cached[k] for k in missing})
@@ -85,6 +93,22 @@ def _width(column: np.ndarray) -> int:
 def _complete(stats: dict[str, Any] | None, width: int) -> bool:
     return stats is not None and all(
         name in stats and np.asarray(stats[name]).size == width for name in NEEDED
+    )
+
+
+_WARNED: set[str] = set()  # cache folders already warned about in this process
+
+
+def _warn_not_cached(folder: str, cause: str, how: str) -> None:
+    """Once per folder and process: training goes on, but every run pays for the statistics again."""
+    if folder in _WARNED:
+        return
+    _WARNED.add(folder)
+    warnings.warn(
+        f"vla-io: computed dataset statistics but could not cache them in {folder} ({cause}); they are "
+        f"used all the same and will be computed again next time. To cache them, {how}.",
+        RuntimeWarning,
+        stacklevel=3,
     )
 
 

@@ -43,6 +43,33 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarra
     return values
 
 
+def index_ranges(values: Sequence[int]) -> str:
+    """Sorted integers as ranges: [3, 4, 5, 9] -> '3-5, 9'."""
+    values = [int(v) for v in values]
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
+
+
+def unknown_task_rows(meta: DatasetMeta, task_index: np.ndarray) -> np.ndarray:
+    """Positions of the rows whose `task_index` names no task of the dataset's tasks file."""
+    known = np.fromiter(meta.tasks, dtype=np.int64, count=len(meta.tasks))
+    return np.flatnonzero(~np.isin(np.asarray(task_index), known))
+
+
+def unknown_task_reason(meta: DatasetMeta, values: Sequence[int]) -> str:
+    """'task_index 99 is not in meta/tasks.jsonl (task indices 0-3)': why rows with these values are bad."""
+    tasks_file = "meta/tasks.parquet" if meta.is_v3 else "meta/tasks.jsonl"
+    shown = sorted({int(v) for v in values})
+    known = f"task indices {index_ranges(sorted(meta.tasks))}" if meta.tasks else "no tasks"
+    return f"task_index {index_ranges(shown)} is not in {tasks_file} ({known})"
+
+
 class FrameTable:
     """Every parquet row of the selected episodes, concatenated in episode order.
 
@@ -94,7 +121,8 @@ class FrameTable:
         except Exception as err:
             raise DatasetFormatError(f"{path}: cannot read parquet ({err})") from err
         names = [n for n in table.column_names if n not in skip]
-        if "episode_index" in table.column_names:
+        has_column = "episode_index" in table.column_names
+        if has_column:
             episode_of_row = column_to_numpy(table["episode_index"], f"{path}: episode_index")
         elif len(episodes) == 1:
             episode_of_row = np.full(table.num_rows, episodes[0].index)
@@ -106,8 +134,11 @@ class FrameTable:
         for pos, ep in zip(positions, episodes):
             rows = np.flatnonzero(episode_of_row == ep.index)
             if len(rows) != ep.length:
+                held = index_ranges(np.unique(episode_of_row).tolist())
+                column = f" (the file's 'episode_index' values: {held})" if has_column else ""
                 raise DatasetFormatError(
                     f"{path}: episode {ep.index} has {len(rows)} rows but its metadata says length {ep.length}"
+                    + column
                 )
             part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
             out[pos] = {n: column_to_numpy(part[n], f"{path}: episode {ep.index}, key {n!r}") for n in names}

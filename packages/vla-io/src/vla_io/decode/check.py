@@ -1,9 +1,10 @@
 """`vla-io check DATASET`: read every parquet row and decode every video frame of a dataset, in parallel, and
 list every problem by file, episode and frame: what training would otherwise run into hours in.
 
-Checked per episode: the data file's rows (count, `frame_index`, NaN/inf values), each camera's video (it
-opens, holds the episode's frames, every frame decodes at its expected time), and episodes that have data
-but are missing from the episodes index.
+Checked per episode: the data file's rows (count, `frame_index`, NaN/inf values, a `task_index` that names
+a task of the tasks file, timestamps 1/fps apart), each camera's video (it opens, holds the episode's
+frames, every frame decodes at its expected time), and episodes that have data but are missing from the
+episodes index.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from .._errors import DatasetFormatError
 from ..dataset.index_check import unindexed_episodes
 from ..dataset.meta import DatasetMeta
-from ..dataset.table import FrameTable
+from ..dataset.table import FrameTable, index_ranges, unknown_task_reason, unknown_task_rows
 from .ffmpeg import resolve_backend
 from .readers import BACKENDS, open_reader
 
@@ -150,7 +151,8 @@ def _run_job(job: tuple[Any, ...]) -> tuple[list[Problem], int]:
 
 
 def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
-    """Rows of one data file: count and frame_index per episode (FrameTable's own checks), finite values."""
+    """Rows of one data file: count and frame_index per episode (FrameTable's own checks), then each
+    episode's rows (`_row_problems`)."""
     meta = DatasetMeta(root)  # cheap, and nothing large crosses the process boundary
     episodes = [meta.episodes[p] for p in positions]
     path = episodes[0].data_path
@@ -161,16 +163,55 @@ def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int]:
         return [Problem(str(path), None, None, "", str(err).removeprefix(f"{path}: "))], 0
     problems = []
     for pos, ep in zip(positions, episodes):
-        for key, values in columns[pos].items():
-            if values.dtype.kind != "f":
-                continue
-            bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-            if bad.any():
-                rows = np.flatnonzero(bad).tolist()
-                problems.append(
-                    Problem(str(path), ep.index, key, _ranges(rows), f"NaN/inf values in {len(rows)} row(s)")
-                )
+        problems += _row_problems(meta, str(path), ep.index, columns[pos])
     return problems, 0
+
+
+def _row_problems(
+    meta: DatasetMeta, path: str, episode: int, columns: dict[str, np.ndarray]
+) -> list[Problem]:
+    """One episode's rows: task indices that name a task, timestamps 1/fps apart, finite values."""
+    problems = []
+    task_index = columns.get("task_index")
+    bad_tasks = unknown_task_rows(meta, task_index) if task_index is not None else []
+    if len(bad_tasks):
+        reason = unknown_task_reason(meta, task_index[bad_tasks])
+        frames = index_ranges(bad_tasks)
+        problems.append(Problem(path, episode, "task_index", frames, f"{reason} in {len(bad_tasks)} row(s)"))
+    timestamp = columns.get("timestamp")
+    if timestamp is not None and len(timestamp) > 1 and np.isfinite(timestamp).all():
+        problems += _timestamp_steps(path, episode, timestamp, meta.fps)
+    for key, values in columns.items():
+        if values.dtype.kind != "f":
+            continue
+        bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+        if bad.any():
+            rows = np.flatnonzero(bad).tolist()
+            problems.append(
+                Problem(path, episode, key, index_ranges(rows), f"NaN/inf values in {len(rows)} row(s)")
+            )
+    return problems
+
+
+def _timestamp_steps(path: str, episode: int, timestamp: np.ndarray, fps: float) -> list[Problem]:
+    """Consecutive rows whose timestamps are not 1/fps apart: frames dropped or repeated in the data. The
+    default `frame_time="index"` reads video frames and `delta_timestamps` windows by row, so such an
+    episode's windows span other times than asked, in silence; `frame_time="timestamp"` reads other frames.
+    A constant offset (every timestamp shifted) is not reported: the default `frame_time="index"` ignores it.
+    """
+    steps = np.diff(timestamp.astype(np.float64))
+    # float32 timestamps (LeRobot's) carry rounding that grows with time: allow two units of the last place
+    tolerance = max(TOLERANCE_S, 2 * float(np.spacing(np.abs(timestamp).max())))
+    bad = np.flatnonzero(np.abs(steps - 1 / fps) > tolerance)
+    if not len(bad):
+        return []
+    first = int(bad[0])
+    reason = (
+        f"timestamps are not 1/fps = {1 / fps:.4f} s apart at {len(bad)} step(s), e.g. {steps[first]:.4f} s "
+        f"from frame {first} to {first + 1} (frames dropped or repeated? video frames and delta_timestamps "
+        "windows are read by row)"
+    )
+    return [Problem(path, episode, "timestamp", index_ranges(bad + 1), reason)]
 
 
 def _check_video(
@@ -207,7 +248,7 @@ def _check_video(
         by_kind.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), (reason, []))[1].append(index - first)
     for reason, frames in by_kind.values():
         problems.append(
-            Problem(path, episode, key, _ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
+            Problem(path, episode, key, index_ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
         )
     return problems, decoded
 
@@ -224,15 +265,3 @@ def _decode(reader: Any, indices: list[int], fps: float, bad: dict[int, str]) ->
         if abs(t - i / fps) > TOLERANCE_S:
             bad[i] = f"decoded at {t:.4f} s instead of {i / fps:.4f} s"
     return len(inside)
-
-
-def _ranges(values: list[int]) -> str:
-    """[3, 4, 5, 9] -> '3-5, 9'."""
-    out, start = [], None
-    for i, v in enumerate(values):
-        if start is None:
-            start = v
-        if i + 1 == len(values) or values[i + 1] != v + 1:
-            out.append(str(start) if start == v else f"{start}-{v}")
-            start = None
-    return ", ".join(out)

@@ -140,35 +140,51 @@ def open_reader(
 
 
 class ReaderCache:
-    """Open readers of one process, least recently used closed first. Safe across fork: a child starts empty."""
+    """Open readers of one process, least recently used closed first.
+
+    Not simply "safe across fork": a forked child does not use the readers it inherited (their decoder
+    state and file offsets are the parent's) and opens its own, but it must not free the inherited ones
+    either. Freeing a PyAV reader that had decoded in the parent blocks the child forever: its pending
+    frames hold FFmpeg's swscale context, whose worker threads exist only in the parent, and tearing that
+    down waits on them (seen as a pipeline worker that never delivers, until `timeout_s`). So inherited
+    readers are set aside, unused and never freed, until the child exits; copy-on-write makes that cheap.
+    """
 
     def __init__(self, max_open: int = 32, **reader_kwargs: object) -> None:
         self.max_open = max_open
         self.reader_kwargs = reader_kwargs
         self._readers: OrderedDict[str, VideoReader] = OrderedDict()
+        self._inherited: list[OrderedDict[str, VideoReader]] = []  # never closed: see the class doc
         self._pid = os.getpid()
         self.opened = 0  # how many readers this process has opened (a cache-efficiency statistic)
 
+    def _own(self) -> OrderedDict[str, VideoReader]:
+        """This process's readers; after a fork, the parent's are set aside (kept, not freed)."""
+        if self._pid != os.getpid():
+            self._inherited.append(self._readers)
+            self._readers, self._pid = OrderedDict(), os.getpid()
+        return self._readers
+
     def get(self, path: str) -> VideoReader:
         """The open reader of `path`, opening it if needed."""
-        if self._pid != os.getpid():  # inherited through fork: decoders are not fork-safe
-            self._readers, self._pid = OrderedDict(), os.getpid()
-        reader = self._readers.get(path)
+        readers = self._own()
+        reader = readers.get(path)
         if reader is None:
             reader = open_reader(path, **self.reader_kwargs)  # type: ignore[arg-type]
             self.opened += 1
-            self._readers[path] = reader
-            while len(self._readers) > self.max_open:
-                self._readers.popitem(last=False)
+            readers[path] = reader
+            while len(readers) > self.max_open:
+                readers.popitem(last=False)
         else:
-            self._readers.move_to_end(path)
+            readers.move_to_end(path)
         return reader
 
     def clear(self) -> None:
-        """Close every reader."""
-        self._readers.clear()
+        """Close every reader this process opened (inherited ones stay set aside)."""
+        self._own().clear()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = OrderedDict()  # open decoders never travel to another process
+        state["_inherited"] = []
         return state
