@@ -15,6 +15,7 @@ Layout of `<dir>/step_000100/`:
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -28,13 +29,15 @@ from typing import Any
 import torch
 
 from ._errors import CheckpointError
-from ._manifest import MANIFEST, check_manifest, write_manifest
+from ._manifest import MANIFEST, check_manifest, file_digests, write_manifest
 
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 TRAIN_CONFIG = "train_config.json"
+DATASET_FINGERPRINT = "dataset_meta_sha256"
+"""trainer_state.json key: `dataset_fingerprint` of the dataset the run trained on (a resume on a moved copy)."""
 ANY_RUN = "<any run>"
 """`Checkpointer.all(ANY_RUN)`: checkpoints of every run (None selects those written before runs had ids)."""
 
@@ -116,13 +119,27 @@ class Checkpointer:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # free the space a partial save took
             reason = _disk_full(err, self.root)
-            if reason is None:
+            failed = _os_error(err)
+            if reason is None and failed is None:
                 raise
-            kept = [p.name for p in self.all(self.run_id)] or ["none"]
+            kept = [p.name for p in self.all(self.run_id)]
+            if reason is not None:
+                advice = (
+                    "Free space on that disk, lower checkpoint.keep_last or point checkpoint.dir elsewhere"
+                )
+            else:
+                code = errno.errorcode.get(failed.errno) if failed.errno else None
+                detail = ", ".join(x for x in (code, f"writing {failed.filename or tmp}") if x)
+                reason = f"{failed.strerror or failed} ({detail})"
+                advice = "Make that folder writable (or point checkpoint.dir elsewhere)"
+            resume = (
+                f", then continue with --resume (from {kept[-1]})"
+                if kept
+                else "; no checkpoint of this run exists yet, so the run must start again"
+            )
             raise CheckpointError(
                 f"cannot write checkpoint {final}: {reason}. The partial save was removed; earlier "
-                f"checkpoints are intact ({', '.join(kept)}). Free space on that disk, lower "
-                "checkpoint.keep_last or point checkpoint.dir elsewhere, then continue with --resume."
+                f"checkpoints are intact ({', '.join(kept) or 'none'}). {advice}{resume}."
             ) from err
         self.barrier()
         return final
@@ -170,15 +187,15 @@ class Checkpointer:
     # ---------------------------------------------------------------------------------------- loading
     def all(self, run_id: str | None = ANY_RUN) -> list[Path]:
         """Complete checkpoints under the root, oldest first; with `run_id`, only that run's."""
+        paths = [p for p in self._step_dirs() if (p / TRAINER_STATE).is_file()]
+        return paths if run_id == ANY_RUN else [p for p in paths if checkpoint_run_id(p) == run_id]
+
+    def _step_dirs(self) -> list[Path]:
+        """Every `step_N` folder under the root, complete or not, oldest first."""
         if not self.root.is_dir():
             return []
-        found = [
-            (int(m.group(1)), p)
-            for p in self.root.iterdir()
-            if (m := _STEP_DIR.match(p.name)) and (p / TRAINER_STATE).is_file()
-        ]
-        paths = [p for _, p in sorted(found)]
-        return paths if run_id == ANY_RUN else [p for p in paths if checkpoint_run_id(p) == run_id]
+        found = [(int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name))]
+        return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
@@ -187,9 +204,16 @@ class Checkpointer:
 
     def newest_intact(self, run_id: str | None = ANY_RUN) -> tuple[Path | None, list[str]]:
         """The newest checkpoint (of `run_id`, if given) that matches its manifest, and one line per newer
-        checkpoint that was skipped, saying why."""
+        checkpoint that was skipped, saying why (a step folder without trainer_state.json included: its
+        run is unknown unless its manifest says, so it is named whatever run is asked for)."""
         skipped = []
-        for path in reversed(self.all(run_id)):
+        candidates = set(self.all(run_id))
+        for path in self._step_dirs():
+            if not (path / TRAINER_STATE).is_file():
+                owner = checkpoint_run_id(path)
+                if run_id == ANY_RUN or owner is None or owner == run_id:
+                    candidates.add(path)
+        for path in sorted(candidates, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), reverse=True):
             reason = verify_checkpoint(path)
             if reason is None:
                 return path, skipped
@@ -228,6 +252,10 @@ def checkpoint_run_id(path: Path) -> str | None:
 
 def verify_checkpoint(path: Path) -> str | None:
     """Why the checkpoint at `path` cannot be resumed from, or None when it is intact."""
+    if not path.exists():
+        return "the folder does not exist"
+    if not path.is_dir():
+        return "it is a file, not a checkpoint folder"
     if not (path / TRAINER_STATE).is_file():
         return f"{TRAINER_STATE} is missing (an incomplete save)"
     reason = check_manifest(path)
@@ -238,6 +266,33 @@ def verify_checkpoint(path: Path) -> str | None:
         int(state["step"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{TRAINER_STATE} is unreadable ({type(err).__name__}: {err})"
+    return None
+
+
+def dataset_fingerprint(dataset: str | Path) -> str | None:
+    """SHA-256 over the names and contents of a dataset's `meta/` files (info, statistics, episodes, tasks):
+    equal for a moved or copied dataset, different for another one. None when there is no meta/ folder."""
+    meta = Path(dataset) / "meta"
+    try:
+        files = sorted(p for p in meta.rglob("*") if p.is_file())
+        digests = file_digests(files)
+    except OSError:
+        return None
+    if not files:
+        return None
+    total = hashlib.sha256()
+    for file in files:
+        total.update(f"{file.relative_to(meta).as_posix()}\0{digests[file][1]}\n".encode())
+    return total.hexdigest()
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind `err` (itself, or what it was raised from), if any."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
     return None
 
 

@@ -71,28 +71,49 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("", f"config file not found: {path}")
-    text = path.read_text()
     suffix = path.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ConfigError("", f"{path}: unknown config format {suffix!r}; use .toml, .yaml, .yml or .json")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError("", f"{path}: cannot read: {err.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ConfigError(
+            "", f"{path}: not UTF-8 text: byte 0x{raw[err.start]:02x} at line {line}, column {column}"
+        ) from None
     try:
         if suffix == ".toml":
             data = _toml().loads(text)
         elif suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text) or {}
-        elif suffix == ".json":
-            data = json.loads(text)
+            try:
+                data = yaml.safe_load(text) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError("", f"{path}: cannot parse: {_yaml_problem(err)}") from None
         else:
-            raise ConfigError(
-                "", f"{path}: unknown config format {suffix!r}; use .toml, .yaml, .yml or .json"
-            )
-    except (ValueError, ImportError) as err:
-        if isinstance(err, ConfigError):
-            raise
+            data = json.loads(text)
+    except ConfigError:
+        raise
+    except (ValueError, ImportError) as err:  # tomllib and json name the line and column themselves
         raise ConfigError("", f"{path}: cannot parse: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError("", f"{path}: expected a table of settings at the top level")
     return data
+
+
+def _yaml_problem(err: Exception) -> str:
+    """PyYAML's error in one line, with the 1-based line and column of the problem."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def _toml():

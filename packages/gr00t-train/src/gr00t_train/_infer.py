@@ -12,7 +12,7 @@ import torch
 
 from . import _data
 from ._build import DATASET_META
-from ._checkpoint import TRAIN_CONFIG, Checkpointer
+from ._checkpoint import _STEP_DIR, TRAIN_CONFIG, Checkpointer, verify_checkpoint
 from ._config import TrainConfig
 from ._config_io import config_from_dict, read_config_file
 from ._distributed import resolve_device
@@ -55,7 +55,10 @@ class EvalReport:
 def find_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder, or the newest checkpoint inside a checkpoints folder."""
     path = Path(path)
-    if (path / TRAIN_CONFIG).is_file():
+    if (path / TRAIN_CONFIG).is_file() or _STEP_DIR.match(path.name):
+        reason = verify_checkpoint(path)  # a damaged folder stops here, naming the file, not in a loader
+        if reason is not None:
+            raise DataError(f"--checkpoint: {path} cannot be used: {reason}")
         return path
     checkpoints = Checkpointer(path, keep_last=1)
     if checkpoints.latest() is None:
@@ -85,7 +88,12 @@ def evaluate(
     cfg = config_from_dict(TrainConfig, read_config_file(folder / TRAIN_CONFIG))
     cfg.data.dataset = str(dataset)
     dev = resolve_device(device)
-    model = gr00t_model.from_pretrained(folder, device=dev).eval()
+    try:
+        model = gr00t_model.from_pretrained(folder, device=dev).eval()
+    except Exception as err:  # loaders rarely name the folder
+        raise DataError(
+            f"--checkpoint: cannot load the model of {folder}: {type(err).__name__}: {err}"
+        ) from err
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     data = _data.open_dataset(
         cfg, model_horizon=model.config.action_horizon, progress=False, meta_dir=folder / DATASET_META

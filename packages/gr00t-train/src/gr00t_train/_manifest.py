@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import zipfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,11 @@ def check_manifest(folder: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{MANIFEST} is unreadable ({type(err).__name__}: {err})"
     present: list[Path] = []
+    if not isinstance(entries, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+        for e in entries.values()
+    ):
+        return f"{MANIFEST} is malformed (its `files` entries need bytes and sha256)"
     for name, entry in entries.items():
         file = folder / name
         if not file.is_file():
@@ -106,7 +112,7 @@ def check_structure(folder: Path) -> str | None:
                     bad = archive.testzip()
                 if bad is not None:
                     return f"{name}: record {bad} fails its CRC (no {MANIFEST} to compare with)"
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, RuntimeError, zlib.error) as err:
             return f"{name} is unreadable ({type(err).__name__}: {err}; no {MANIFEST} to compare with)"
     return None
 
@@ -120,8 +126,12 @@ def _safetensors_length(file: Path) -> str | None:
         length = int.from_bytes(head, "little")
         if length > size:
             return f"{size} bytes, shorter than its {length}-byte header"
-        header = json.loads(f.read(length))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        raw = f.read(length)
+    try:  # any malformed header (a flipped byte) means damaged, whatever exception the parse raises
+        header = json.loads(raw)
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        return f"its {length}-byte header is malformed ({type(err).__name__}: {err})"
     if size != 8 + length + end:
         return f"{size} bytes, its header describes {8 + length + end}"
     return None

@@ -10,22 +10,32 @@ rank resumes from the same checkpoint or raises the same error. Claims are re-en
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
 import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import TRAIN_CONFIG, TRAINER_STATE, Checkpointer, checkpoint_run_id, verify_checkpoint
+from ._checkpoint import (
+    DATASET_FINGERPRINT,
+    TRAIN_CONFIG,
+    TRAINER_STATE,
+    Checkpointer,
+    checkpoint_run_id,
+    dataset_fingerprint,
+    verify_checkpoint,
+)
 from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import ConfigError, RunFolderError
-from ._folder_lock import FolderLock
+from ._folder_lock import FolderLock, held_below, live_holder
 
 log = logging.getLogger(__name__)
 
@@ -107,22 +117,83 @@ def claim_run(cfg: TrainConfig, env: DistEnv) -> RunClaim:
 
 
 def _lock_folders(cfg: TrainConfig) -> list[FolderLock]:
+    """Lock output_dir (and checkpoint.dir when it lies elsewhere), then refuse when another live run holds
+    a folder above or below either of them (a run whose output_dir or checkpoint.dir is a live run's
+    checkpoints folder, or the other way round): its files would be ours to prune, move or delete. Locking
+    first and looking second means that of two runs starting at once at least one sees the other."""
     out = Path(cfg.output_dir)
     checkpoints = Path(cfg.checkpoint_dir)
-    folders = [out]
-    if not checkpoints.resolve().is_relative_to(out.resolve()):
-        folders.append(checkpoints)  # a shared checkpoint.dir is claimed too
-    locks = []
+    inside = checkpoints.resolve().is_relative_to(out.resolve())
+    folders = [(out, "output_dir"), (checkpoints, "checkpoint.dir")]
+    _refuse_dataset_folder(cfg, folders)
+    locks: list[FolderLock] = []
     try:
-        for folder in folders:
-            locks.append(
-                FolderLock.acquire(folder, "checkpoint.dir" if folder is checkpoints else "output_dir")
-            )
+        for folder, setting in folders:
+            if folder is checkpoints and inside:  # output_dir's lock covers it
+                if folder.exists() or folder.is_symlink():
+                    if not folder.is_dir():
+                        raise RunFolderError(
+                            setting, f"{folder} is a file, not a folder; choose another {setting}"
+                        )
+                    _probe_writable(folder, setting)
+                continue
+            locks.append(FolderLock.acquire(folder, setting))
+            _probe_writable(folder, setting)
+        for folder, setting in folders:
+            _refuse_nested_runs(folder, setting)
     except BaseException:
         for lock in locks:
             lock.release()
         raise
     return locks
+
+
+def _refuse_dataset_folder(cfg: TrainConfig, folders: list[tuple[Path, str]]) -> None:
+    """A run never writes into the dataset it reads (the dataset may be shared, or read by other runs)."""
+    if not cfg.data.dataset:
+        return
+    dataset = Path(cfg.data.dataset).resolve()
+    for folder, setting in folders:
+        if folder.resolve().is_relative_to(dataset):
+            raise ConfigError(
+                setting,
+                f"{folder} is inside the dataset folder {cfg.data.dataset}; a run never writes into its "
+                f"dataset. Choose an {setting} outside it",
+            )
+
+
+def _probe_writable(folder: Path, setting: str) -> None:
+    """Create and remove a file in `folder`: a read-only folder stops the run now, not at its first save."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".gr00t-train-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(err.errno, err.strerror, str(folder)) from None
+        raise RunFolderError(
+            setting,
+            f"{folder} is not writable ({err.strerror}); make it writable or choose another {setting}",
+        ) from None
+
+
+def _refuse_nested_runs(folder: Path, setting: str) -> None:
+    resolved = folder.resolve()
+    for above in resolved.parents:
+        holder = live_holder(above)
+        if holder is not None:
+            raise RunFolderError(
+                setting,
+                f"{folder} lies inside {above}, which another live run holds ({holder}); its files must "
+                f"not be mixed with this run's. Choose another {setting}",
+            )
+    below = held_below(resolved)
+    if below is not None:
+        raise RunFolderError(
+            setting,
+            f"{folder} contains {below[0]}, which another live run holds ({below[1]}); this run would "
+            f"write over or move its files. Choose another {setting}",
+        )
 
 
 def _decide(cfg: TrainConfig, world_size: int) -> tuple[str | None, Path | None]:
@@ -132,6 +203,8 @@ def _decide(cfg: TrainConfig, world_size: int) -> tuple[str | None, Path | None]
     recorded = _recorded_run(out)
     resume = cfg.checkpoint.resume
     resume_from = None
+    if resume and recorded == _UNNAMED:
+        recorded = _adopt_logs(out, ck)
     if not resume:
         run_id: str | None = new_run_id()
     elif resume == "auto":
@@ -140,15 +213,44 @@ def _decide(cfg: TrainConfig, world_size: int) -> tuple[str | None, Path | None]
         resume_from = Path(resume)
         reason = verify_checkpoint(resume_from)
         if reason is not None:
-            raise ConfigError("checkpoint.resume", f"{resume_from} cannot be resumed from: {reason}")
+            raise ConfigError(
+                "checkpoint.resume",
+                f"{resume_from} cannot be resumed from: {reason}{_available(resume_from)}",
+            )
         run_id = checkpoint_run_id(resume_from)
     if resume_from is not None:
         _check_compatible(resume_from, cfg, world_size)
-    others = _other_runs(out, ck, run_id, recorded)
+    others = _other_runs(out, ck, run_id, recorded, resuming=bool(resume))
     if others:
         _settle(others, cfg, out, ck)
     _write_run_file(out, run_id, resume_from)
     return run_id, resume_from
+
+
+def _adopt_logs(out: Path, ck: Checkpointer) -> str:
+    """--resume into a folder whose run.json was lost: its logs belong to the run of its checkpoints when
+    they are all of one run; otherwise they stay unnamed (and are taken as this run's, see _other_runs)."""
+    ids = {checkpoint_run_id(p) for p in ck.all()}
+    if len(ids) == 1 and None not in ids:
+        (run,) = ids
+        log.warning(
+            "%s has no readable %s: its logs are taken as those of run %s, whose checkpoints are in %s",
+            out,
+            RUN_FILE,
+            run,
+            ck.root,
+        )
+        return run
+    return _UNNAMED
+
+
+def _available(path: Path) -> str:
+    """`; <folder> holds step_...` for a --resume path that is not a checkpoint (a typo in the step)."""
+    names = [p.name for p in Checkpointer(path.parent, keep_last=1).all()]
+    if not names:
+        return ""
+    shown = ", ".join(names[-5:])
+    return f"; {path.parent} holds {shown} (pass one of them, or --resume alone for the newest intact one)"
 
 
 def _resume_auto(ck: Checkpointer, recorded: str | None) -> tuple[str | None, Path | None]:
@@ -176,7 +278,8 @@ def _resume_auto(ck: Checkpointer, recorded: str | None) -> tuple[str | None, Pa
 
 
 def _check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
-    """A resume continues the exact trajectory: same world size and per-device batch, or exit 2 now."""
+    """A resume continues the exact trajectory: same world size, per-device batch, seed, shuffling and
+    dataset, or exit 2 now (before the model is built)."""
     state = json.loads((path / TRAINER_STATE).read_text())
     saved_world = int(state.get("world_size", 1))
     saved_batch = _saved_batch_size(path)
@@ -189,6 +292,18 @@ def _check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
             "order and random streams of every rank, so both must match. To train on from these weights "
             f"with a fresh optimizer and data order, start a new run with --set model.checkpoint={path}",
         )
+    saved = _saved_config(path)
+    fresh = f"To train on from these weights with a fresh data order, start a new run with --set model.checkpoint={path}"
+    for name, now in (("seed", cfg.seed), ("data.shuffle", cfg.data.shuffle)):
+        before = _dotted(saved, name)
+        if before is not None and before != now:
+            raise ConfigError(
+                name,
+                f"{path} was written with {name}={before}, this run has {name}={now}. Resuming continues "
+                f"the checkpoint's data order and random streams, which {name} decides: resume with "
+                f"--set {name}={before}. {fresh}",
+            )
+    _check_same_dataset(path, cfg, state, _dotted(saved, "data.dataset"), fresh)
     saved_global = state.get("global_batch")
     now_global = batch * cfg.optim.grad_accum * world_size
     if saved_global is not None and saved_global != now_global:
@@ -199,6 +314,53 @@ def _check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
             saved_global,
             now_global,
         )
+
+
+def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], before: Any, fresh: str) -> None:
+    """The same dataset path, or a dataset whose meta/ folder is the one the checkpoint recorded (a moved or
+    copied dataset); anything else stops the run naming both paths."""
+    now = cfg.data.dataset
+    if not before or not now or Path(before).resolve() == Path(now).resolve():
+        return
+    recorded = state.get(DATASET_FINGERPRINT)
+    if recorded is not None and recorded == dataset_fingerprint(now):
+        log.warning(
+            "resuming %s on %s: the checkpoint was written on %s; their metadata (meta/) is identical, so "
+            "the run continues on it",
+            path,
+            now,
+            before,
+        )
+        return
+    why = (
+        "its meta/ folder differs from the one the checkpoint recorded"
+        if recorded is not None
+        else "the checkpoint records no fingerprint of its dataset to compare with"
+    )
+    raise ConfigError(
+        "data.dataset",
+        f"{path} was written with data.dataset={before}, this run has data.dataset={now} ({why}). Resuming "
+        f"continues the checkpoint's position in its dataset's sample order. If {before} still holds that "
+        f"dataset, resume with --set data.dataset={before}; if {now} is a copy, copy it whole (meta/ "
+        f"included) or resume from the old path. {fresh}",
+    )
+
+
+def _saved_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((path / TRAIN_CONFIG).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _dotted(data: dict[str, Any], name: str) -> Any:
+    node: Any = data
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def _saved_batch_size(path: Path) -> int | None:
@@ -222,16 +384,18 @@ def _recorded_run(out: Path) -> str | None:
 
 
 def _other_runs(
-    out: Path, ck: Checkpointer, run_id: str | None, recorded: str | None
+    out: Path, ck: Checkpointer, run_id: str | None, recorded: str | None, resuming: bool = False
 ) -> dict[str, list[Path]]:
-    """Files of runs other than `run_id`: {run id: checkpoint folders (+ output files under key '')}."""
+    """Files of runs other than `run_id`: {run id: checkpoint folders (+ output files under key '')}. When
+    resuming, files without a run id (logs whose run.json was lost, checkpoints from before run ids) are
+    this run's."""
     mine = run_id or _UNNAMED
     found: dict[str, list[Path]] = {}
     for path in ck.all():
         owner = checkpoint_run_id(path) or _UNNAMED
-        if owner != mine:
+        if owner != mine and not (resuming and owner == _UNNAMED):
             found.setdefault(owner, []).append(path)
-    if recorded is not None and recorded != mine:
+    if recorded is not None and recorded != mine and not (resuming and recorded == _UNNAMED):
         found.setdefault(recorded, [])
     return found
 
@@ -240,6 +404,13 @@ def _settle(others: dict[str, list[Path]], cfg: TrainConfig, out: Path, ck: Chec
     policy = cfg.checkpoint.existing_run
     described = "; ".join(_describe(run, paths) for run, paths in sorted(others.items()))
     if policy == "error":
+        if cfg.checkpoint.resume:  # never ask for the flag already given
+            raise RunFolderError(
+                "output_dir",
+                f"{out} holds another run besides the one being resumed ({described}). Add --new-run to "
+                f"keep it (moved to {out / ARCHIVE}/<run id>/) or --overwrite to delete it, or resume in "
+                "a folder of its own",
+            )
         raise RunFolderError(
             "output_dir",
             f"{out} holds another run ({described}). Pass --resume to continue it, --new-run to start "
@@ -248,17 +419,45 @@ def _settle(others: dict[str, list[Path]], cfg: TrainConfig, out: Path, ck: Chec
         )
     outputs = [out / name for name in RUN_OUTPUTS if (out / name).exists()]
     recorded = _recorded_run(out)
+    plan = []
     for run, paths in others.items():
         partial = [p for p in ck.root.glob(f".tmp-{run}-*")] if run != _UNNAMED else []
-        files = paths + partial + (outputs if run == recorded else [])
-        if policy == "overwrite":
-            log.warning(
-                "checkpoint.existing_run=overwrite: deleting run %s (%d files/folders)", run, len(files)
-            )
-            for path in files:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-        else:
-            _archive(run, paths + partial, outputs if run == recorded else [], out, ck.root)
+        plan.append((run, paths, partial, outputs if run == recorded else []))
+    _check_removable([p for _, paths, partial, files in plan for p in (*paths, *partial, *files)], policy)
+    for run, paths, partial, files in plan:
+        try:
+            if policy == "overwrite":
+                doomed = paths + partial + files
+                log.warning(
+                    "checkpoint.existing_run=overwrite: deleting run %s (%d files/folders)", run, len(doomed)
+                )
+                for path in doomed:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+            else:
+                _archive(run, paths + partial, files, out, ck.root)
+        except OSError as err:
+            raise RunFolderError(
+                "output_dir",
+                f"cannot {'delete' if policy == 'overwrite' else 'move'} run {run}'s files: {err.strerror} "
+                f"({err.filename}); some of them may be left in place",
+            ) from None
+
+
+def _check_removable(paths: list[Path], policy: str) -> None:
+    """Refuse --overwrite / --new-run before touching anything when a file of the other run cannot be
+    deleted or moved (a read-only folder): half-deleted runs help nobody."""
+    for path in paths:
+        folders = [path.parent]
+        if policy == "overwrite" and path.is_dir() and not path.is_symlink():
+            folders += [Path(root) for root, _, _ in os.walk(path)]
+        for folder in folders:
+            if not os.access(folder, os.W_OK | os.X_OK):
+                verb = "delete" if policy == "overwrite" else "move"
+                raise RunFolderError(
+                    "output_dir",
+                    f"cannot {verb} {path}: {folder} is not writable. Make it writable, or choose another "
+                    "output_dir",
+                )
 
 
 def _archive(run: str, checkpoints: list[Path], outputs: list[Path], out: Path, ck_root: Path) -> None:

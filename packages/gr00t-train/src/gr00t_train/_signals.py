@@ -10,6 +10,16 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_loop_began = False
+
+
+def loop_began() -> bool:
+    """Whether a training loop of this process has taken over SIGINT (the command line's Ctrl-C message)."""
+    return _loop_began
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C during training: the run stops mid-step, without a checkpoint of that step."""
 
 
 class StopRequest:
@@ -26,6 +36,8 @@ class StopRequest:
 
     def install(self) -> StopRequest:
         """Catch SIGTERM and SIGINT from now on."""
+        global _loop_began
+        _loop_began = True
         if threading.current_thread() is threading.main_thread() and not self._previous:
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -40,7 +52,7 @@ class StopRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             self.restore()
-            raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+            raise StoppedAtOnce  # asked twice: stop now, without a checkpoint
         if self.signum is None:
             self.signum = signum
             log.warning(

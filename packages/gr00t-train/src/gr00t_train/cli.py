@@ -21,6 +21,7 @@ from ._errors import (
     NonFiniteWeightsError,
     TrainingInterrupted,
 )
+from ._signals import StoppedAtOnce, loop_began
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +52,7 @@ def _train(args: argparse.Namespace) -> int:
     from ._run import run_training
 
     cfg = _resolve(args)
+    args.resolved = cfg  # main's error messages look at its checkpoint folder
     if not cfg.data.dataset:
         raise ConfigError(
             "data.dataset", "no dataset given; pass --set data.dataset=PATH (a LeRobot dataset)"
@@ -198,13 +200,41 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as err:  # SIGTERM / SIGINT after a checkpoint: the conventional 128 + signal
         _say(args, f"stopped by {err}", same_on_every_rank=True)
         return 128 + signal.Signals[err.signal_name].value
+    except KeyboardInterrupt as err:  # Ctrl-C before the loop took over SIGINT, or twice during it
+        if isinstance(err, StoppedAtOnce) or loop_began():
+            hint = _resume_hint(args)
+            _say(
+                args,
+                "stopped at once by Ctrl-C: the step in progress was not saved"
+                + (f";{hint}" if hint else ""),
+            )
+        else:
+            _say(args, "interrupted during start-up; nothing to save")
+        return 130
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f" writing {err.filename}" if err.filename else ""
         name = errno.errorcode[err.errno]
-        _say(args, f"error: {err.strerror} ({name}){where}; free space, then continue with --resume")
+        _say(
+            args,
+            f"error: {err.strerror} ({name}){where}; free space, then" + (_resume_hint(args) or " run again"),
+        )
         return 1
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """` continue with --resume` when the run has a checkpoint to continue from, else ``."""
+    cfg = getattr(args, "resolved", None)
+    if cfg is None:
+        return ""
+    from ._checkpoint import Checkpointer
+
+    try:
+        has_checkpoint = Checkpointer(cfg.checkpoint_dir, keep_last=1).latest() is not None
+    except OSError:
+        has_checkpoint = False
+    return " continue with --resume" if has_checkpoint else ""
 
 
 def _say(args: argparse.Namespace, text: str, same_on_every_rank: bool = False) -> None:

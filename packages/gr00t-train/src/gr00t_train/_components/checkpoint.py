@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..__about__ import __version__
-from .._checkpoint import Checkpointer
+from .._checkpoint import DATASET_FINGERPRINT, Checkpointer, dataset_fingerprint
 from .._config import TrainConfig
 from .._config_io import config_to_dict
 from .._distributed import DistEnv
@@ -41,6 +41,7 @@ class CheckpointComponent:
         self.cfg, self.env, self.parts = cfg, env, parts
         self.model, self.data, self.global_batch = model, data, global_batch
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
+        self._dataset_fingerprint: str | None = None
 
     def start(self, run_id: str | None) -> None:
         """A run starts: checkpoints are written as `run_id`'s; its interrupted saves are removed."""
@@ -58,6 +59,10 @@ class CheckpointComponent:
             "schedule": asdict(self.model.schedule),
             "gr00t_train_version": __version__,
         }
+        if self.cfg.data.dataset and self.env.is_main:  # lets a resume accept a moved copy of the dataset
+            if self._dataset_fingerprint is None:
+                self._dataset_fingerprint = dataset_fingerprint(self.cfg.data.dataset)
+            trainer_state[DATASET_FINGERPRINT] = self._dataset_fingerprint
         rank_state = {"rng": rng_state(self.env.device), "data": self.data.state_dict()}
         return self.checkpointer.save(
             step,
