@@ -16,7 +16,7 @@ from pathlib import Path
 import gr00t_train
 import pytest
 import torch
-from gr00t_train import Checkpointer, ConfigError, RunFolderError, Trainer, _folder_lock, _run_folder
+from gr00t_train import Checkpointer, ConfigError, RunFolderError, Trainer, _folder_checks, _folder_lock, _run_folder
 from gr00t_train.cli import main
 
 _HOLD = """
@@ -179,7 +179,7 @@ def test_an_unwritable_folder_stops_the_run_at_its_start(tmp_path, env, standins
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(_run_folder.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(_folder_checks.tempfile, "mkstemp", refuse)
     with pytest.raises(RunFolderError) as info:
         _fit(standins, env, tmp_path, steps=2)
     assert str(info.value).startswith(f"output_dir: {tmp_path / 'run'} is not writable (Permission denied)")

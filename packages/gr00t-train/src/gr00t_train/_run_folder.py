@@ -10,32 +10,28 @@ rank resumes from the same checkpoint or raises the same error. Claims are re-en
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import secrets
 import shutil
 import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._checkpoint import (
-    DATASET_FINGERPRINT,
-    TRAIN_CONFIG,
-    TRAINER_STATE,
     Checkpointer,
     checkpoint_run_id,
-    dataset_fingerprint,
     verify_checkpoint,
 )
 from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import ConfigError, RunFolderError
-from ._folder_lock import FolderLock, held_below, live_holder
+from ._folder_checks import probe_writable, refuse_dataset_folder, refuse_nested_runs
+from ._folder_lock import FolderLock
+from ._resume_checks import check_compatible
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +121,7 @@ def _lock_folders(cfg: TrainConfig) -> list[FolderLock]:
     checkpoints = Path(cfg.checkpoint_dir)
     inside = checkpoints.resolve().is_relative_to(out.resolve())
     folders = [(out, "output_dir"), (checkpoints, "checkpoint.dir")]
-    _refuse_dataset_folder(cfg, folders)
+    refuse_dataset_folder(cfg, folders)
     locks: list[FolderLock] = []
     try:
         for folder, setting in folders:
@@ -135,65 +131,17 @@ def _lock_folders(cfg: TrainConfig) -> list[FolderLock]:
                         raise RunFolderError(
                             setting, f"{folder} is a file, not a folder; choose another {setting}"
                         )
-                    _probe_writable(folder, setting)
+                    probe_writable(folder, setting)
                 continue
             locks.append(FolderLock.acquire(folder, setting))
-            _probe_writable(folder, setting)
+            probe_writable(folder, setting)
         for folder, setting in folders:
-            _refuse_nested_runs(folder, setting)
+            refuse_nested_runs(folder, setting)
     except BaseException:
         for lock in locks:
             lock.release()
         raise
     return locks
-
-
-def _refuse_dataset_folder(cfg: TrainConfig, folders: list[tuple[Path, str]]) -> None:
-    """A run never writes into the dataset it reads (the dataset may be shared, or read by other runs)."""
-    if not cfg.data.dataset:
-        return
-    dataset = Path(cfg.data.dataset).resolve()
-    for folder, setting in folders:
-        if folder.resolve().is_relative_to(dataset):
-            raise ConfigError(
-                setting,
-                f"{folder} is inside the dataset folder {cfg.data.dataset}; a run never writes into its "
-                f"dataset. Choose an {setting} outside it",
-            )
-
-
-def _probe_writable(folder: Path, setting: str) -> None:
-    """Create and remove a file in `folder`: a read-only folder stops the run now, not at its first save."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".gr00t-train-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(err.errno, err.strerror, str(folder)) from None
-        raise RunFolderError(
-            setting,
-            f"{folder} is not writable ({err.strerror}); make it writable or choose another {setting}",
-        ) from None
-
-
-def _refuse_nested_runs(folder: Path, setting: str) -> None:
-    resolved = folder.resolve()
-    for above in resolved.parents:
-        holder = live_holder(above)
-        if holder is not None:
-            raise RunFolderError(
-                setting,
-                f"{folder} lies inside {above}, which another live run holds ({holder}); its files must "
-                f"not be mixed with this run's. Choose another {setting}",
-            )
-    below = held_below(resolved)
-    if below is not None:
-        raise RunFolderError(
-            setting,
-            f"{folder} contains {below[0]}, which another live run holds ({below[1]}); this run would "
-            f"write over or move its files. Choose another {setting}",
-        )
 
 
 def _decide(cfg: TrainConfig, world_size: int) -> tuple[str | None, Path | None]:
@@ -219,7 +167,7 @@ def _decide(cfg: TrainConfig, world_size: int) -> tuple[str | None, Path | None]
             )
         run_id = checkpoint_run_id(resume_from)
     if resume_from is not None:
-        _check_compatible(resume_from, cfg, world_size)
+        check_compatible(resume_from, cfg, world_size)
     others = _other_runs(out, ck, run_id, recorded, resuming=bool(resume))
     if others:
         _settle(others, cfg, out, ck)
@@ -275,99 +223,6 @@ def _resume_auto(ck: Checkpointer, recorded: str | None) -> tuple[str | None, Pa
     if skipped:
         log.warning("resuming from %s, the newest intact checkpoint", path)
     return checkpoint_run_id(path), path
-
-
-def _check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
-    """A resume continues the exact trajectory: same world size, per-device batch, seed, shuffling and
-    dataset, or exit 2 now (before the model is built)."""
-    state = json.loads((path / TRAINER_STATE).read_text())
-    saved_world = int(state.get("world_size", 1))
-    saved_batch = _saved_batch_size(path)
-    batch = cfg.data.batch_size
-    if saved_world != world_size or (saved_batch is not None and saved_batch != batch):
-        raise ConfigError(
-            "checkpoint.resume",
-            f"{path} was written by {saved_world} process(es) with data.batch_size={saved_batch}; this run "
-            f"has {world_size} process(es) and data.batch_size={batch}. Resuming continues the exact data "
-            "order and random streams of every rank, so both must match. To train on from these weights "
-            f"with a fresh optimizer and data order, start a new run with --set model.checkpoint={path}",
-        )
-    saved = _saved_config(path)
-    fresh = f"To train on from these weights with a fresh data order, start a new run with --set model.checkpoint={path}"
-    for name, now in (("seed", cfg.seed), ("data.shuffle", cfg.data.shuffle)):
-        before = _dotted(saved, name)
-        if before is not None and before != now:
-            raise ConfigError(
-                name,
-                f"{path} was written with {name}={before}, this run has {name}={now}. Resuming continues "
-                f"the checkpoint's data order and random streams, which {name} decides: resume with "
-                f"--set {name}={before}. {fresh}",
-            )
-    _check_same_dataset(path, cfg, state, _dotted(saved, "data.dataset"), fresh)
-    saved_global = state.get("global_batch")
-    now_global = batch * cfg.optim.grad_accum * world_size
-    if saved_global is not None and saved_global != now_global:
-        log.warning(
-            "resuming %s written with a global batch of %s, now %d (optim.grad_accum changed): the run "
-            "continues but does not follow the original trajectory",
-            path,
-            saved_global,
-            now_global,
-        )
-
-
-def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], before: Any, fresh: str) -> None:
-    """The same dataset path, or a dataset whose meta/ folder is the one the checkpoint recorded (a moved or
-    copied dataset); anything else stops the run naming both paths."""
-    now = cfg.data.dataset
-    if not before or not now or Path(before).resolve() == Path(now).resolve():
-        return
-    recorded = state.get(DATASET_FINGERPRINT)
-    if recorded is not None and recorded == dataset_fingerprint(now):
-        log.warning(
-            "resuming %s on %s: the checkpoint was written on %s; their metadata (meta/) is identical, so "
-            "the run continues on it",
-            path,
-            now,
-            before,
-        )
-        return
-    why = (
-        "its meta/ folder differs from the one the checkpoint recorded"
-        if recorded is not None
-        else "the checkpoint records no fingerprint of its dataset to compare with"
-    )
-    raise ConfigError(
-        "data.dataset",
-        f"{path} was written with data.dataset={before}, this run has data.dataset={now} ({why}). Resuming "
-        f"continues the checkpoint's position in its dataset's sample order. If {before} still holds that "
-        f"dataset, resume with --set data.dataset={before}; if {now} is a copy, copy it whole (meta/ "
-        f"included) or resume from the old path. {fresh}",
-    )
-
-
-def _saved_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((path / TRAIN_CONFIG).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _dotted(data: dict[str, Any], name: str) -> Any:
-    node: Any = data
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _saved_batch_size(path: Path) -> int | None:
-    try:
-        return int(json.loads((path / TRAIN_CONFIG).read_text())["data"]["batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 # ------------------------------------------------------------------------------------ other runs' files

@@ -1,0 +1,61 @@
+"""Checks of the folders a run will write, made before it writes anything: never inside its dataset,
+writable now (not at the first save), and not above or below a folder another live run holds."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from ._config import TrainConfig
+from ._errors import ConfigError, RunFolderError
+from ._folder_lock import held_below, live_holder
+
+
+def refuse_dataset_folder(cfg: TrainConfig, folders: list[tuple[Path, str]]) -> None:
+    """A run never writes into the dataset it reads (the dataset may be shared, or read by other runs)."""
+    if not cfg.data.dataset:
+        return
+    dataset = Path(cfg.data.dataset).resolve()
+    for folder, setting in folders:
+        if folder.resolve().is_relative_to(dataset):
+            raise ConfigError(
+                setting,
+                f"{folder} is inside the dataset folder {cfg.data.dataset}; a run never writes into its "
+                f"dataset. Choose an {setting} outside it",
+            )
+
+
+def probe_writable(folder: Path, setting: str) -> None:
+    """Create and remove a file in `folder`: a read-only folder stops the run now, not at its first save."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".gr00t-train-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(err.errno, err.strerror, str(folder)) from None
+        raise RunFolderError(
+            setting,
+            f"{folder} is not writable ({err.strerror}); make it writable or choose another {setting}",
+        ) from None
+
+
+def refuse_nested_runs(folder: Path, setting: str) -> None:
+    resolved = folder.resolve()
+    for above in resolved.parents:
+        holder = live_holder(above)
+        if holder is not None:
+            raise RunFolderError(
+                setting,
+                f"{folder} lies inside {above}, which another live run holds ({holder}); its files must "
+                f"not be mixed with this run's. Choose another {setting}",
+            )
+    below = held_below(resolved)
+    if below is not None:
+        raise RunFolderError(
+            setting,
+            f"{folder} contains {below[0]}, which another live run holds ({below[1]}); this run would "
+            f"write over or move its files. Choose another {setting}",
+        )
