@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._normalize import STAT_KEYS, JointGroup, first_non_finite
+from ._normalize import JointGroup, first_non_finite
 
 DEFAULT_FEATURE = {"state": "observation.state", "action": "action"}
 _STAT_NAMES = {"min": "min", "max": "max", "mean": "mean", "std": "std"}
@@ -106,8 +106,9 @@ def _group_stats(
     group: str,
     source: str,
 ) -> dict[str, np.ndarray]:
-    """The group's slice of the feature's statistics; a NaN or infinite value that the mode uses is an error
-    naming the feature, the statistic and the index in the feature."""
+    """The group's slice of the feature's statistics. Any NaN or infinite value in that slice is an error,
+    whichever statistics the mode uses, naming the feature, the statistic and the index in the feature; so is
+    a statistic that is not a list of numbers."""
     start, end = span
     column = stats.get(feature)
     if column is None:
@@ -117,13 +118,19 @@ def _group_stats(
     for ours, theirs in names.items():
         if theirs not in column:
             continue
-        values = np.asarray(column[theirs], dtype=np.float64).reshape(-1)
+        try:
+            values = np.asarray(column[theirs], dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"{source}: stats.json {feature!r} {theirs!r} is not a list of numbers ({err}; joint group "
+                f"{group!r}): fix or recompute the statistics"
+            ) from None
         if len(values) < end:
             raise ValueError(
                 f"{source}: stats.json {feature!r} {theirs!r} has {len(values)} values; joint group {group!r} "
                 f"reads [{start}:{end}]"
             )
-        bad = first_non_finite(torch.from_numpy(values[start:end])) if ours in STAT_KEYS[mode] else None
+        bad = first_non_finite(torch.from_numpy(values[start:end]))  # used by this mode or not
         if bad is not None:
             raise ValueError(
                 f"{source}: stats.json {feature!r} {theirs!r} is {bad[1]} at index {start + bad[0]} (joint group "

@@ -45,13 +45,19 @@ class JointGroup:
         missing = [k for k in STAT_KEYS[self.mode] if k not in self.stats]
         if missing:
             raise ValueError(f"JointGroup {self.name!r}: mode {self.mode} needs stats {missing}")
-        self.stats = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in self.stats.items()}
+        converted = {}
+        for key, value in self.stats.items():
+            try:
+                converted[key] = torch.as_tensor(np.asarray(value, dtype=np.float32))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"JointGroup {self.name!r}: stats[{key!r}] is not numbers ({err})") from None
+        self.stats = converted
         for key, value in self.stats.items():
             if value.shape[-1] != self.dim:
                 raise ValueError(
                     f"JointGroup {self.name!r}: stats[{key!r}] has {value.shape[-1]} values, group has {self.dim} dims"
                 )
-        for key in STAT_KEYS[self.mode]:  # a NaN here would silently zero the joint (span > 0 is False)
+        for key in self.stats:  # any of them: a NaN min/max would silently zero the joint (span > 0 is False)
             bad = first_non_finite(self.stats[key])
             if bad is not None:
                 raise ValueError(

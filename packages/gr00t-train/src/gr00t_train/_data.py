@@ -190,15 +190,19 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
     Cameras stay separate (sizes and aspect ratios may differ): in the processor's passthrough mode each
     goes on under its own key of CAMERA_SLOTS, for `image_transform` to letterbox and resize, then stack.
     `sample_seed` goes on too: it keys that transform's random crops and jitter.
+
+    A NaN or infinite raw state or action value stops the run here, on the host, before normalization (which
+    clips +-inf to +-1 and would train on it silently): DataError naming the feature, episode and frame
+    (`check_finite`). Such a sample decodes fine, so it is not skipped against `data.max_bad_fraction` (that
+    budget is for undecodable video); fix or drop the rows (`vla-io check DATASET` lists them).
     """
     cameras, horizon = data.camera_keys, data.horizon
 
     def transform(raw: dict) -> dict:
         images = [raw[key] for key in cameras]  # per camera uint8 [B, C, H, W]
-        out = processor(
-            {"images": images, "state": data.raw_state(raw), "action": data.raw_action(raw)},
-            tasks=raw["task"],
-        )
+        state, action = data.raw_state(raw), data.raw_action(raw)
+        check_finite(raw, state, action, data)
+        out = processor({"images": images, "state": state, "action": action}, tasks=raw["task"])
         if isinstance(out.get("images"), list):  # passthrough: the device step prepares them
             out.update(zip(CAMERA_SLOTS, out.pop("images")))
         # Steps past the episode's end repeat its last action; they carry no loss.
@@ -212,6 +216,56 @@ def host_transform(data: TrainingData, processor) -> Callable[[dict], dict]:
         return out
 
     return transform
+
+
+def check_finite(raw: dict, state: torch.Tensor, action: torch.Tensor, data: TrainingData) -> None:
+    """DataError naming every sample (episode, frame, feature, value index) whose raw state [B, D] or action
+    chunk [B, T, D] holds NaN/inf. One isfinite pass over small host tensors: cheap beside the decode."""
+    found = []
+    for kind, values in (("state", state), ("action", action)):
+        values = torch.as_tensor(values)
+        if not values.is_floating_point() or bool(torch.isfinite(values).all()):
+            continue
+        features = (data.spec.state_features if kind == "state" else data.spec.action_features) or []
+        for sample in (
+            torch.nonzero(~torch.isfinite(values).reshape(len(values), -1).all(dim=1)).flatten().tolist()
+        ):
+            bad = torch.nonzero(~torch.isfinite(values[sample]))[0].tolist()  # [col] or [step, col]
+            step, col = (bad[0], bad[1]) if len(bad) == 2 else (0, bad[0])
+            feature, col = _feature_at(features, col, kind)
+            frame = _frame(raw, sample)
+            frame = "unknown" if frame is None else frame + step
+            value = float(values[sample][tuple(bad)])
+            found.append(
+                f"episode {_value(raw.get('episode_index'), sample)}, frame {frame}: {feature}[{col}] is {value}"
+            )
+    found = list(dict.fromkeys(found))  # the samples of one chunk name the same frame
+    if found:
+        shown = "; ".join(found[:8]) + (f"; and {len(found) - 8} more samples" if len(found) > 8 else "")
+        raise DataError(
+            f"dataset {data.root} holds NaN/inf raw values ({shown}). Fix or drop those frames "
+            "(`vla-io check DATASET` lists them all)"
+        )
+
+
+def _feature_at(features: list[tuple[str, int]], col: int, kind: str) -> tuple[str, int]:
+    """(feature, index in it) of column `col` of the concatenated raw vector."""
+    for key, width in features:
+        if col < width:
+            return key, col
+        col -= width
+    return kind, col
+
+
+def _value(values: Any, i: int) -> Any:
+    if values is None:
+        return "unknown"
+    return int(torch.as_tensor(values).reshape(-1)[i])
+
+
+def _frame(raw: dict, i: int) -> int | None:
+    frames = raw.get("frame_index")
+    return None if frames is None else int(torch.as_tensor(frames).reshape(-1)[i])
 
 
 def image_transform(processor, num_cameras: int, *, augment: bool, backend: str):

@@ -17,7 +17,11 @@ class ConfigError(ValueError):
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; carries the step and the episode ids of the offending batch."""
+    """The loss became NaN or infinite; carries the step and the episode ids of the offending batch.
+
+    Each rank says what it knows: the samples of its batch that hold NaN/inf (`bad_samples`), or that every
+    input was finite (`inputs_finite`: the model diverged), or, when its own loss was finite and only the
+    average over ranks was not, which ranks had the non-finite loss (`bad_ranks`)."""
 
     def __init__(
         self,
@@ -26,12 +30,24 @@ class NonFiniteLossError(FloatingPointError):
         episode_ids: list[int] | None,
         rank: int = 0,
         bad_samples: str | None = None,
+        *,
+        inputs_finite: bool = False,
+        bad_ranks: list[int] | None = None,
     ) -> None:
         self.step = step
         self.value = value
         self.episode_ids = episode_ids
         self.rank = rank
         self.bad_samples = bad_samples
+        self.bad_ranks = bad_ranks
+        head = f"loss is {value} at step {step} (rank {rank})"
+        if bad_ranks is not None and rank not in bad_ranks:
+            ranks = ", ".join(str(r) for r in bad_ranks) or "unknown"
+            super().__init__(
+                f"{head}, averaged over ranks; this rank's own loss was finite: the non-finite loss was on "
+                f"rank {ranks}, whose message names the batch"
+            )
+            return
         where = (
             f"episode ids {episode_ids}"
             if episode_ids
@@ -39,9 +55,11 @@ class NonFiniteLossError(FloatingPointError):
         )
         if bad_samples:  # the samples that carry the NaN/inf, by episode and frame
             hint = f"{bad_samples}. Fix or drop those frames (`vla-io check` lists them)."
+        elif inputs_finite:
+            hint = "Every input of that batch is finite: the model diverged; lower optim.lr (or optim.grad_clip)."
         else:
             hint = "Check those episodes for NaN/inf state or action values, or lower optim.lr."
-        super().__init__(f"loss is {value} at step {step} (rank {rank}); the batch came from {where}. {hint}")
+        super().__init__(f"{head}; the batch came from {where}. {hint}")
 
 
 class BatchTooLargeError(RuntimeError):

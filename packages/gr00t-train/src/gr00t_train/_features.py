@@ -60,7 +60,21 @@ def map_features(cfg: Any, meta: Any, root: Path, modality_file: Path | None = N
         # a checkpoint's own modality.json holds the groups it was trained with: no selection applies
         wanted = None if modality_file is not None else getattr(cfg.data, f"{kind}_keys")
         fmap.modality[kind] = _groups(kind, wanted, given.get(kind) or {}, meta, root, where)
+    _check_state_is_not_action(fmap, cfg, modality_file is None)
     return fmap
+
+
+def _check_state_is_not_action(fmap: FeatureMap, cfg: Any, selectable: bool) -> None:
+    """A feature read as action (loaded as [horizon, D] chunks) cannot also be state ([D] per frame)."""
+    actions = set(fmap.features("action"))
+    both = [key for key in fmap.features("state") if key in actions]
+    if both:
+        setting = "data.state_keys" if selectable and cfg.data.state_keys is not None else fmap.source
+        raise DataError(
+            f"{setting}: {', '.join(repr(k) for k in both)} is the action feature of this run and cannot also "
+            f"be state; choose state features other than the action ({', '.join(sorted(actions))}). "
+            f"Features of dataset {fmap.root}: {describe_features(fmap.meta)}"
+        )
 
 
 def _read_modality(path: Path) -> dict[str, Any]:
@@ -182,9 +196,20 @@ def _camera_keys(meta: Any, wanted: list[str], root: Path, video: dict[str, Any]
     for name in wanted:
         key = short.get(name, name if name in available else None)
         if key is None or key not in available:
-            names = sorted(short)
             raise DataError(
-                f"data.cameras: camera {name!r} is not in dataset {root}; it has {', '.join(names) or 'no cameras'}"
+                f"data.cameras: camera {name!r} is not in dataset {root}; {_cameras_of(available, video)}"
             )
         keys.append(key)
     return keys
+
+
+def _cameras_of(available: list[str], video: dict[str, Any]) -> str:
+    """The dataset's own video features (short names), then the modality.json cameras whose key it lacks."""
+    names = [key.removeprefix("observation.images.") for key in available]
+    said = f"it has {', '.join(names) or 'no cameras'}"
+    broken = [
+        f"{name} -> {e['original_key']}" for name, e in video.items() if e["original_key"] not in available
+    ]
+    if broken:
+        said += f"; modality.json cameras that point to a video feature it does not have: {', '.join(broken)}"
+    return said

@@ -44,9 +44,10 @@ def tag_samples(batch: dict[str, Any]) -> SampleTags:
     return SampleTags(batch.get("episode_index"), batch.get("frame_index"), keys, flags)
 
 
-def describe_nonfinite(tags: list[SampleTags]) -> str | None:
-    """'sample 2 of microbatch 0 (episode 40, frame 117) has NaN/inf in action', or a sentence saying the
-    inputs were finite; None when nothing could be checked."""
+def describe_nonfinite(tags: list[SampleTags]) -> tuple[str | None, bool]:
+    """('Sample 2 of microbatch 0 (episode 40, frame 117) has NaN/inf in action', checked): the samples that
+    hold NaN/inf, or None; `checked` is True when any per-sample flags existed (None with checked=True: every
+    input of the batch was finite)."""
     found = []
     checked = False
     for micro, tag in enumerate(tags):
@@ -60,10 +61,8 @@ def describe_nonfinite(tags: list[SampleTags]) -> str | None:
             found.append(f"sample {sample} of microbatch {micro} ({where}) has NaN/inf in {', '.join(keys)}")
     if found:
         shown = "; ".join(found[:8]) + (f"; and {len(found) - 8} more" if len(found) > 8 else "")
-        return shown[0].upper() + shown[1:]
-    if checked:
-        return "Every input of that batch is finite: the model diverged; lower optim.lr"
-    return None
+        return shown[0].upper() + shown[1:], True
+    return None, checked
 
 
 def _at(values: Any, i: int) -> str:

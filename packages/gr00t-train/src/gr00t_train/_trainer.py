@@ -40,6 +40,32 @@ from ._run_folder import RunClaim, claim_run
 from ._timing import StepTimer
 
 
+def deterministic_cpu_kernels(device: torch.device) -> Callable[[], None]:
+    """On a CPU device, torch's deterministic kernels for the run; returns what restores the previous setting.
+
+    With more than one intra-op thread, torch's CPU `index_put_(accumulate=True)` (the backward of
+    `W[slot]`, as in the action head's per-embodiment linears) adds rows with atomic float adds in whatever
+    order the threads reach them: two identical runs then differ by an ulp at random steps. Only runs with
+    one compute thread (e.g. `data.num_workers=1` on 2 cores) were bit-identical. The deterministic mode
+    takes the sorted, fixed-order path instead (as fast or faster here); uninitialized memory is not filled.
+    CUDA runs keep their own settings (cuBLAS and some kernels would need more than this switch)."""
+    if device.type != "cpu":
+        return lambda: None
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn, never fail, where an op has no such path
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+    def restore() -> None:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+    return restore
+
+
 class Trainer:
     """Trains `parts` as `cfg` says, on the process group and device of `env`."""
 
@@ -71,10 +97,12 @@ class Trainer:
         """Train to `cfg.steps` (resuming first if asked); returns the summary of this session."""
         run = claim_run(self.cfg, self.env)  # lock, run id, what to resume from (exit 2 on conflicts)
         self.backends.apply()
+        restore_determinism = deterministic_cpu_kernels(self.env.device)
         try:
             return self._fit(run)
         finally:
             run.release()
+            restore_determinism()
             self.backends.restore()
 
     def _fit(self, run: RunClaim) -> RunSummary:

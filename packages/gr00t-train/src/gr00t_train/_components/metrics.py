@@ -105,16 +105,28 @@ class MetricsComponent:
         local = local.cpu().tolist()
         norms = torch.stack([p.grad_norm.float() for p in pending]).cpu().tolist()
         for p, value, mine in zip(pending, global_loss, local):
-            if not math.isfinite(value):
-                ids = _flat_ids(p.episode_index) if not math.isfinite(mine) else None
-                where = describe_nonfinite(p.samples) if not math.isfinite(mine) else None
+            if not math.isfinite(value):  # every rank sees the same global value: all of them come here
+                bad_ranks = self._nonfinite_ranks(mine)
+                if math.isfinite(mine):  # another rank's batch: that rank names it
+                    raise NonFiniteLossError(p.step, value, None, self.env.rank, bad_ranks=bad_ranks)
+                where, checked = describe_nonfinite(p.samples)
                 raise NonFiniteLossError(
-                    p.step, mine if not math.isfinite(mine) else value, ids, self.env.rank, where
-                )
+                    p.step, mine, _flat_ids(p.episode_index), self.env.rank, where,
+                    inputs_finite=checked and where is None, bad_ranks=bad_ranks,
+                )  # fmt: skip
         return [
             self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
             for p, loss, norm in zip(pending, global_loss, norms)
         ]
+
+    def _nonfinite_ranks(self, mine: float) -> list[int]:
+        """The ranks whose own loss is non-finite (one small all-reduce, on the error path only)."""
+        if self.env.world_size == 1:
+            return [] if math.isfinite(mine) else [self.env.rank]
+        flags = torch.zeros(self.env.world_size, dtype=torch.float32, device=self.env.device)
+        flags[self.env.rank] = 0.0 if math.isfinite(mine) else 1.0
+        torch.distributed.all_reduce(flags)
+        return [rank for rank, bad in enumerate(flags.cpu().tolist()) if bad > 0]
 
     def close(self) -> None:
         """Flush and close the outputs of the session."""
