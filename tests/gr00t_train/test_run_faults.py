@@ -16,7 +16,15 @@ from pathlib import Path
 import gr00t_train
 import pytest
 import torch
-from gr00t_train import Checkpointer, ConfigError, RunFolderError, Trainer, _folder_checks, _folder_lock, _run_folder
+from gr00t_train import (
+    Checkpointer,
+    ConfigError,
+    RunFolderError,
+    Trainer,
+    _folder_checks,
+    _folder_lock,
+    _run_folder,
+)
 from gr00t_train.cli import main
 
 _HOLD = """
