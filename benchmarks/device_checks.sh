@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What a change owes the GPU, in one device call (device time is scarce: few, full calls).
+#
+#   tests   the whole GPU suite: `pytest tests -m gpu` (its pass line goes into BENCHMARKS.md with the date)
+#   ladder  one run of the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
+#   all     both (default), tests first
+#
+# Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
+#   mkdir -p .gpu/whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d .gpu/whl av==19.0.2 torchcodec==0.17.0     # here, once
+#   run(command="bash benchmarks/device_checks.sh all", carry=[".gpu"])                  # on the device
+# Results land in $OUT (or /tmp/device_checks): pytest_gpu.txt, the ladder's JSON and log, gpu.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/gpu_env.sh
+out=${OUT:-/tmp/device_checks}
+mkdir -p "$out"
+what=${1:-all}
+day=$(date -u +%F)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt"
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest tests -m gpu -q -p no:cacheprovider > "$out/pytest_gpu.txt" 2>&1 || status=1
+  tail -n 25 "$out/pytest_gpu.txt"
+fi
+if [ "$what" = ladder ] || [ "$what" = all ]; then
+  data=/tmp/libero
+  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
+  (cd benchmarks && python3 train_ablation.py --dataset "$data" --steps 20 --warmup 6 --workers 12 \
+    --json "$out/train_ablation_h200_$day.json") > "$out/ladder.log" 2>&1 || status=1
+  tail -n 20 "$out/ladder.log"
+fi
+exit $status
