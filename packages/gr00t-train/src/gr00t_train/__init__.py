@@ -1,36 +1,53 @@
 """gr00t-train: the GR00T N1.6 trainer and the `gr00t-train` CLI, wiring vla-io, vla-overlap, vla-graph and
-gr00t-model together. See the package README ("How it is built"); the loop and the step are in `_trainer.py`."""
+gr00t-model together. See the package README ("How it is built"); the loop and the step are in `_trainer.py`.
+
+`import gr00t_train` is cheap: names are imported from their modules on first use, so the command line
+starts, and answers a bad setting, without loading torch first."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .__about__ import __version__
-from ._checkpoint import Checkpointer
-from ._config import (
-    CheckpointConfig,
-    DataConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-    OptimizationsConfig,
-    TrainConfig,
-)
-from ._config_io import apply_overrides, config_from_dict, config_to_dict, load_config
-from ._distributed import DistEnv, init_distributed, shutdown_distributed
-from ._errors import (
-    BatchTooLargeError,
-    CheckpointError,
-    ConfigError,
-    DataError,
-    NonFiniteLossError,
-    NonFiniteWeightsError,
-    RunFolderError,
-    TrainingInterrupted,
-)
-from ._infer import EvalReport, evaluate
-from ._metrics import RunSummary, StepRecord
-from ._parts import BatchSource, TrainParts
-from ._presets import PRESETS, demo_config, libero_config
-from ._run import run_training
-from ._schedule import CosineSchedule
-from ._trainer import Trainer
+
+_EXPORTS = {
+    "Checkpointer": "._checkpoint",
+    "CheckpointConfig": "._config",
+    "DataConfig": "._config",
+    "LoggingConfig": "._config",
+    "ModelConfig": "._config",
+    "OptimConfig": "._config",
+    "OptimizationsConfig": "._config",
+    "TrainConfig": "._config",
+    "apply_overrides": "._config_io",
+    "config_from_dict": "._config_io",
+    "config_to_dict": "._config_io",
+    "load_config": "._config_io",
+    "DistEnv": "._distributed",
+    "init_distributed": "._distributed",
+    "shutdown_distributed": "._distributed",
+    "BatchTooLargeError": "._errors",
+    "CheckpointError": "._errors",
+    "ConfigError": "._errors",
+    "DataError": "._errors",
+    "NonFiniteLossError": "._errors",
+    "NonFiniteWeightsError": "._errors",
+    "RunFolderError": "._errors",
+    "TrainingInterrupted": "._errors",
+    "EvalReport": "._infer",
+    "evaluate": "._infer",
+    "RunSummary": "._metrics",
+    "StepRecord": "._metrics",
+    "BatchSource": "._parts",
+    "TrainParts": "._parts",
+    "PRESETS": "._presets",
+    "demo_config": "._presets",
+    "libero_config": "._presets",
+    "run_training": "._run",
+    "CosineSchedule": "._schedule",
+    "Trainer": "._trainer",
+}
 
 __all__ = [
     "PRESETS",
@@ -70,3 +87,48 @@ __all__ = [
     "run_training",
     "shutdown_distributed",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gr00t_train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from ._checkpoint import Checkpointer
+    from ._config import (
+        CheckpointConfig,
+        DataConfig,
+        LoggingConfig,
+        ModelConfig,
+        OptimConfig,
+        OptimizationsConfig,
+        TrainConfig,
+    )
+    from ._config_io import apply_overrides, config_from_dict, config_to_dict, load_config
+    from ._distributed import DistEnv, init_distributed, shutdown_distributed
+    from ._errors import (
+        BatchTooLargeError,
+        CheckpointError,
+        ConfigError,
+        DataError,
+        NonFiniteLossError,
+        NonFiniteWeightsError,
+        RunFolderError,
+        TrainingInterrupted,
+    )
+    from ._infer import EvalReport, evaluate
+    from ._metrics import RunSummary, StepRecord
+    from ._parts import BatchSource, TrainParts
+    from ._presets import PRESETS, demo_config, libero_config
+    from ._run import run_training
+    from ._schedule import CosineSchedule
+    from ._trainer import Trainer
