@@ -19,3 +19,9 @@ def test_every_public_name_resolves() -> None:
     for name in gr00t_train.__all__:
         assert getattr(gr00t_train, name) is not None, name
     assert sorted(dir(gr00t_train)) == sorted(gr00t_train.__all__)
+
+
+def test_private_modules_resolve_as_attributes() -> None:
+    code = "import gr00t_train; print(gr00t_train._run.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "gr00t_train._run"

@@ -346,3 +346,25 @@ def test_a_full_disk_at_start_names_the_file_and_does_not_advise_resume(
     lock = tmp_path / "run" / ".gr00t-train.lock"
     assert f"No space left on device (ENOSPC) writing {lock}; free space, then run again" in err
     assert "--resume" not in err
+
+
+def test_a_full_disk_while_writing_run_json_names_it_and_leaves_no_temporary_file(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    real_write = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == ".run.json.tmp":
+            real_write(self, "")  # the file exists, empty, as when the disk fills during the write
+            raise OSError(errno.ENOSPC, "No space left on device")  # write() errors name no file
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    dataset = _meta(tmp_path / "ds", "{}")
+    out = tmp_path / "run"
+    argv = ["train", "--preset", "demo", "--set", "device=cpu", "--set", f"data.dataset={dataset}"]
+    argv += ["--set", f"output_dir={out}"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"No space left on device (ENOSPC) writing {out / 'run.json'}; free space, then run again" in err
+    assert not (out / ".run.json.tmp").exists()

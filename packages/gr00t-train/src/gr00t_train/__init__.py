@@ -92,6 +92,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if name.startswith("_") and not name.startswith("__"):  # a private module, as `gr00t_train._run`
+            try:
+                return importlib.import_module(f".{name}", __name__)
+            except ModuleNotFoundError:
+                pass
         raise AttributeError(f"module 'gr00t_train' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value

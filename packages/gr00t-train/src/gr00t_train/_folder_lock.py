@@ -85,9 +85,9 @@ def _unusable(folder: Path, setting: str, err: OSError) -> Exception:
         return OSError(err.errno, err.strerror, err.filename or str(folder))
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        what = "is" if blocker == folder else f"cannot be created: {blocker}"
+        what = "is a file" if blocker == folder else f"cannot be created: {blocker} is a file"
         return RunFolderError(
-            setting, f"{folder} {what} a file, not a folder; choose another {setting} or move the file away"
+            setting, f"{folder} {what}, not a folder; choose another {setting} or move the file away"
         )
     return RunFolderError(
         setting,

@@ -353,5 +353,9 @@ def _write_run_file(out: Path, run_id: str | None, resume_from: Path | None) -> 
         "resumed_from": str(resume_from) if resume_from else None,
     }
     tmp = out / f".{RUN_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, out / RUN_FILE)
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, out / RUN_FILE)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)  # no half-written file left behind
+        raise OSError(err.errno, err.strerror, str(out / RUN_FILE)) from None

@@ -214,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        where = f" writing {err.filename}" if err.filename else ""
+        # A failed write() names no file; the run's folder is where it was writing.
+        cfg = getattr(args, "resolved", None)
+        folder = cfg.output_dir if cfg is not None else None
+        where = f" writing {err.filename}" if err.filename else (f" writing in {folder}" if folder else "")
         name = errno.errorcode[err.errno]
         _say(
             args,
