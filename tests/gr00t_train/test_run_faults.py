@@ -368,3 +368,26 @@ def test_a_full_disk_while_writing_run_json_names_it_and_leaves_no_temporary_fil
     err = capsys.readouterr().err
     assert f"No space left on device (ENOSPC) writing {out / 'run.json'}; free space, then run again" in err
     assert not (out / ".run.json.tmp").exists()
+
+
+def test_a_start_up_ctrl_c_that_python_dropped_stops_the_run_when_the_loop_begins() -> None:
+    """Python drops a KeyboardInterrupt raised inside an import lock's or a weakref's callback; the start-up
+    handler remembers the Ctrl-C, and the loop's install() answers it instead of training on."""
+    import signal
+
+    from gr00t_train._signals import StopRequest, stop_watching, watch_start_up
+
+    before = signal.getsignal(signal.SIGINT)
+    previous = watch_start_up()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # the handler raises...
+        # ...and had the raise been dropped, the loop would still stop before taking over
+        stop = StopRequest()
+        with pytest.raises(KeyboardInterrupt):
+            stop.install()
+        assert signal.getsignal(signal.SIGINT) != stop._handle  # it did not take SIGINT over
+    finally:
+        stop_watching(previous)
+    assert signal.getsignal(signal.SIGINT) is before
+    StopRequest().install().restore()  # forgotten once the command ends: a later loop starts normally

@@ -11,6 +11,31 @@ from typing import Any
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _loop_began = False
+_start_up_interrupted = False
+
+
+def watch_start_up() -> Any:
+    """Until a loop takes over: Ctrl-C raises KeyboardInterrupt as usual, and is also remembered. Python
+    drops an exception raised inside some callbacks (an import lock's, a weakref's), which would leave a
+    start-up Ctrl-C unanswered; the loop's `install()` answers it then. Returns the handler it replaced
+    (None off the main thread, where signals cannot be caught)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupted(signum: int, frame: Any) -> None:
+        global _start_up_interrupted
+        _start_up_interrupted = True
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, interrupted)
+
+
+def stop_watching(previous: Any) -> None:
+    """Give SIGINT back to the handler `watch_start_up` replaced, and forget a remembered Ctrl-C."""
+    global _start_up_interrupted
+    _start_up_interrupted = False
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
 
 
 def loop_began() -> bool:
@@ -35,8 +60,10 @@ class StopRequest:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
     def install(self) -> StopRequest:
-        """Catch SIGTERM and SIGINT from now on."""
+        """Catch SIGTERM and SIGINT from now on (a start-up Ctrl-C that went unanswered stops the run now)."""
         global _loop_began
+        if _start_up_interrupted:
+            raise KeyboardInterrupt
         _loop_began = True
         if threading.current_thread() is threading.main_thread() and not self._previous:
             for sig in SIGNALS:

@@ -21,7 +21,7 @@ from ._errors import (
     NonFiniteWeightsError,
     TrainingInterrupted,
 )
-from ._signals import StoppedAtOnce, loop_began
+from ._signals import StoppedAtOnce, loop_began, stop_watching, watch_start_up
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    previous = watch_start_up()
+    try:
+        return _run_command(args)
+    finally:
+        stop_watching(previous)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The command, its errors turned into one line and an exit code."""
     try:
         return args.run(args)
     except (ConfigError, DataError) as err:  # bad input: nothing ran
