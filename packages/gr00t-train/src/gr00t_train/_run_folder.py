@@ -123,7 +123,8 @@ def _lock_folders(cfg: TrainConfig) -> list[FolderLock]:
     folders = [(out, "output_dir"), (checkpoints, "checkpoint.dir")]
     refuse_dataset_folder(cfg, folders)
     for folder, setting in folders:  # the common case refused before anything is written (a lock file)
-        refuse_nested_runs(folder, setting)
+        if not (folder is checkpoints and inside):  # inside output_dir: its lock answers for both
+            refuse_nested_runs(folder, setting)
     locks: list[FolderLock] = []
     try:
         for folder, setting in folders:
