@@ -66,8 +66,8 @@ def test_incomplete_folders_are_ignored_and_removed(tmp_path) -> None:
         Checkpointer(tmp_path / "ck", keep_last=3, rank=1).load(tmp_path / "ck" / "step_000004")
 
 
-_KILLED_RUN = """
-import importlib.util, sys
+_STANDIN_RUN = """
+import importlib.util, sys, time
 from pathlib import Path
 import torch
 spec = importlib.util.spec_from_file_location("gr00t_train_standins", {standins!r})
@@ -75,7 +75,12 @@ standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = stand
 import gr00t_train
 torch.set_num_threads(1)
 env = gr00t_train.init_distributed("cpu")
-cfg = standins.small_config(Path({tmp!r}), steps=6, checkpoint__every=2)
+"""
+"""The start of a script training the stand-in model in a subprocess (to be killed or signalled)."""
+
+_KILLED_RUN = (
+    _STANDIN_RUN
+    + """cfg = standins.small_config(Path({tmp!r}), steps=6, checkpoint__every=2)
 parts = standins.make_parts()
 saves = []
 def save(module, folder):
@@ -84,6 +89,7 @@ def save(module, folder):
 parts.save_model = save
 gr00t_train.Trainer(cfg, parts, env).fit()
 """
+)
 
 
 @pytest.mark.timeout(120)
@@ -224,16 +230,9 @@ def test_a_full_disk_during_a_save_is_a_message_and_keeps_earlier_checkpoints(tm
     assert ck.newest_intact("r")[0].name == "step_000002"
 
 
-_PREEMPTED_RUN = """
-import importlib.util, sys, time
-from pathlib import Path
-import torch
-spec = importlib.util.spec_from_file_location("gr00t_train_standins", {standins!r})
-standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = standins; spec.loader.exec_module(standins)
-import gr00t_train
-torch.set_num_threads(1)
-env = gr00t_train.init_distributed("cpu")
-cfg = standins.small_config(Path({tmp!r}), steps=500, logging__every=50)
+_PREEMPTED_RUN = (
+    _STANDIN_RUN
+    + """cfg = standins.small_config(Path({tmp!r}), steps=500, logging__every=50)
 parts = standins.make_parts()
 steps = []
 def slow_loss(module, batch):
@@ -249,6 +248,7 @@ except gr00t_train.TrainingInterrupted as err:
     print("INTERRUPTED", err.signal_name, err.step, err.checkpoint, flush=True)
     sys.exit(3)
 """
+)
 
 
 @pytest.mark.timeout(120)

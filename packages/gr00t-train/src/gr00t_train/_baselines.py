@@ -87,7 +87,7 @@ class LeRobotStyleSource:
         indices = list(sampler)[skip * batch :]
         workers = self._cfg.data.num_workers
         return iter(tud.DataLoader(
-            _Subset(self._dataset, indices, sample_seeds(self._cfg.seed, self._epoch, indices)), batch_size=batch, num_workers=workers,
+            _Subset(self._dataset, indices, self._cfg.seed, self._epoch), batch_size=batch, num_workers=workers,
             pin_memory=self._env.device.type == "cuda", collate_fn=self._collate, drop_last=True,
             prefetch_factor=2 if workers else None,
         ))  # fmt: skip
@@ -137,25 +137,26 @@ class _Samples:
         return self.dataset[index]
 
 
-def sample_seeds(seed: int, epoch: int, indices: list[int]) -> list[int]:
-    """One augmentation seed per sample, from the run's seed, the epoch and the sample's index: the workers
-    draw independent crops and jitter, and a resumed run draws the same ones."""
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A sample's augmentation seed, from the run's seed, the epoch and the sample's index: the workers draw
+    independent crops and jitter, and a resumed run draws the same ones."""
     import numpy as np
 
-    return [
-        int(np.random.SeedSequence([seed, epoch, i]).generate_state(1, np.uint64)[0] >> 1) for i in indices
-    ]
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
 class _Subset:
-    def __init__(self, dataset, indices: list[int], seeds: list[int]) -> None:
-        self.dataset, self.indices, self.seeds = dataset, indices, seeds
+    """The epoch's samples in order, each with its seed (computed in the worker that loads it)."""
+
+    def __init__(self, dataset, indices: list[int], seed: int, epoch: int) -> None:
+        self.dataset, self.indices, self.seed, self.epoch = dataset, indices, seed, epoch
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int) -> dict:
-        return self.dataset[self.indices[i]] | {"sample_seed": self.seeds[i]}
+        index = self.indices[i]
+        return self.dataset[index] | {"sample_seed": sample_seed(self.seed, self.epoch, index)}
 
 
 class _Collate:

@@ -42,9 +42,9 @@ def probe_writable(folder: Path, setting: str) -> None:
         ) from None
 
 
-def refuse_nested_runs(folder: Path, setting: str) -> None:
-    resolved = folder.resolve()
-    for above in resolved.parents:
+def refuse_inside_live_run(folder: Path, setting: str) -> None:
+    """Refuse a folder inside one another live run holds (cheap: its ancestors' lock files only)."""
+    for above in folder.resolve().parents:
         holder = live_holder(above)
         if holder is not None:
             raise RunFolderError(
@@ -52,7 +52,12 @@ def refuse_nested_runs(folder: Path, setting: str) -> None:
                 f"{folder} lies inside {above}, which another live run holds ({holder}); its files must "
                 f"not be mixed with this run's. Choose another {setting}",
             )
-    below = held_below(resolved)
+
+
+def refuse_nested_runs(folder: Path, setting: str) -> None:
+    """Refuse a folder inside, or containing, one another live run holds."""
+    refuse_inside_live_run(folder, setting)
+    below = held_below(folder.resolve())
     if below is not None:
         raise RunFolderError(
             setting,

@@ -20,7 +20,8 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
     dataset, or exit 2 now (before the model is built)."""
     state = json.loads((path / TRAINER_STATE).read_text())
     saved_world = int(state.get("world_size", 1))
-    saved_batch = _saved_batch_size(path)
+    saved = _saved_config(path)
+    saved_batch = _dotted(saved, "data.batch_size")
     batch = cfg.data.batch_size
     if saved_world != world_size or (saved_batch is not None and saved_batch != batch):
         raise ConfigError(
@@ -30,7 +31,6 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
             "order and random streams of every rank, so both must match. To train on from these weights "
             f"with a fresh optimizer and data order, start a new run with --set model.checkpoint={path}",
         )
-    saved = _saved_config(path)
     fresh = f"To train on from these weights with a fresh data order, start a new run with --set model.checkpoint={path}"
     for name, now in (("seed", cfg.seed), ("data.shuffle", cfg.data.shuffle)):
         before = _dotted(saved, name)
@@ -99,10 +99,3 @@ def _dotted(data: dict[str, Any], name: str) -> Any:
             return None
         node = node[part]
     return node
-
-
-def _saved_batch_size(path: Path) -> int | None:
-    try:
-        return int(json.loads((path / TRAIN_CONFIG).read_text())["data"]["batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

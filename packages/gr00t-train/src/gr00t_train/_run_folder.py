@@ -29,7 +29,7 @@ from ._checkpoint import (
 from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import ConfigError, RunFolderError
-from ._folder_checks import probe_writable, refuse_dataset_folder, refuse_nested_runs
+from ._folder_checks import probe_writable, refuse_dataset_folder, refuse_inside_live_run, refuse_nested_runs
 from ._folder_lock import FolderLock
 from ._resume_checks import check_compatible
 
@@ -122,9 +122,9 @@ def _lock_folders(cfg: TrainConfig) -> list[FolderLock]:
     inside = checkpoints.resolve().is_relative_to(out.resolve())
     folders = [(out, "output_dir"), (checkpoints, "checkpoint.dir")]
     refuse_dataset_folder(cfg, folders)
-    for folder, setting in folders:  # the common case refused before anything is written (a lock file)
+    for folder, setting in folders:  # refused before its lock file is written into a live run's folder
         if not (folder is checkpoints and inside):  # inside output_dir: its lock answers for both
-            refuse_nested_runs(folder, setting)
+            refuse_inside_live_run(folder, setting)
     locks: list[FolderLock] = []
     try:
         for folder, setting in folders:
