@@ -218,3 +218,32 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic() -> None:
         torch.testing.assert_close(flats[1][key], flats[0][key], rtol=2e-6, atol=1e-7, msg=key)
     assert torch.equal(flats[1]["out"], flats[1]["master"].bfloat16().where(ids != 255, flats[1]["out"]))
     assert torch.all(flats[1]["out"][1000:1064] == 0)  # padding untouched
+
+
+@pytest.mark.parametrize("narrow", [torch.bfloat16, torch.float16])
+def test_cast_kernel_equals_torch_bitwise(narrow: torch.dtype) -> None:
+    """The Triton cast kernel (gradient copies and adds into fp32 buffers, the fp32 -> bf16 write-back) gives
+    torch's mixed-dtype copy_/add_ results bit for bit: widening is exact, the add rounds once in fp32 and
+    narrowing rounds to nearest even in both; sizes off the block and a non-contiguous fallback included."""
+    from vla_overlap._cast_kernel import _kernel_applies, cast_into
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n in (1, 2047, 2048 * 3 + 5, 1_000_003):
+        source = torch.randn(n, generator=gen, device="cuda").mul_(100).to(narrow)
+        start = torch.randn(n, generator=gen, device="cuda")
+        for add in (False, True):
+            ours, theirs = start.clone(), start.clone()
+            assert _kernel_applies(ours, source, add)
+            cast_into(ours, source, add=add)
+            theirs.add_(source) if add else theirs.copy_(source)
+            assert torch.equal(ours, theirs), (n, add)
+        wide = torch.randn(n, generator=gen, device="cuda").mul_(1e3)
+        ours, theirs = torch.empty(n, dtype=narrow, device="cuda"), torch.empty(n, dtype=narrow, device="cuda")
+        cast_into(ours, wide)
+        theirs.copy_(wide)
+        assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16)), n
+    strided = torch.zeros(64, 2, device="cuda")[:, 0]
+    source = torch.randn(64, device="cuda").to(narrow)
+    assert not _kernel_applies(strided, source, False)
+    cast_into(strided, source)
+    assert torch.equal(strided, source.float())

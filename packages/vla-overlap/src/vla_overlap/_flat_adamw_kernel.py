@@ -31,7 +31,8 @@ def _adamw_flat_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, gid_ptr, table_ptr, 
     p = p * decay
     m = m + (1.0 - beta1) * (g - m)
     v = v * beta2 + (1.0 - beta2) * g * g
-    p = p - step_size * m / (tl.sqrt(v) / bc2 + eps)
+    # IEEE sqrt and division (Triton's defaults are approximate), as torch's kernels compute them
+    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2) + eps)
     tl.store(p_ptr + offsets, p, mask=live)
     tl.store(m_ptr + offsets, m, mask=live)
     tl.store(v_ptr + offsets, v, mask=live)

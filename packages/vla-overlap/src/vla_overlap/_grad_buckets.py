@@ -10,16 +10,15 @@ from typing import Any
 
 import torch
 
+from ._cast_kernel import cast_into
 from ._comm import CommStream, Communicator
 from ._layout import BucketedBuffers, Layout
 
 
 def accumulate_into(target: torch.Tensor, grad: torch.Tensor, first: bool) -> None:
-    """target = grad (the step's first gradient, with buffers not zeroed) or target += grad."""
-    if first:
-        target.copy_(grad)
-    else:
-        target.add_(grad)
+    """target = grad (the step's first gradient, with buffers not zeroed) or target += grad (a bf16 gradient
+    into an fp32 buffer by a vectorized kernel on CUDA)."""
+    cast_into(target, grad, add=not first)
 
 
 class GradBuckets(BucketedBuffers):
