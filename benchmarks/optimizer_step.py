@@ -134,6 +134,9 @@ def optimizer(shapes, reps: int) -> list[dict]:
     rows[-1]["bf16_weights_after_3_steps"] = {
         "max_ulps_from_fused": int(ulps.max()),
         "fraction_differing": float((ulps > 0).float().mean()),
+        "fraction_over_1_ulp": float((ulps > 1).float().mean()),
+        "non_finite": [int((~torch.isfinite(finals[k])).sum()) for k in (None, "triton")],
+        "max_abs_diff": float((finals[None].float() - finals["triton"].float()).abs().max()),
     }
     return rows
 

@@ -6,7 +6,8 @@ Rows (n1.6-3b, random weights, batch 16, two 252x252 cameras, bf16 autocast, TF3
   free-reduce-overhead  torch.compile(model, mode="reduce-overhead") + fused AdamW
   ours-*                gr00t_train.Trainer on the fixed batch: per-microbatch CUDA graphs with the gradient
                         sync inside, per-block compiled kernels (compile), bf16 working weights with fp32 masters
-                        (bf16w), the optimizer on a side stream under the next step's frozen forward (overlap)
+                        (bf16w), the optimizer on a side stream under the next step's frozen forward (overlap),
+                        DistributedAdamW's one-pass Triton step (flat)
 Each row reports samples/s (whole optimizer steps), MFU against the datasheet peak, start-up (first step:
 compile + capture), peak memory and the loss after the measured steps. The `parity` row trains the full
 stack and eager for N steps with dropout off on identical batches and reports the largest relative loss
@@ -42,6 +43,7 @@ ROWS = {
         "optimizations.optimizer_overlap=true",
     ],  # fmt: skip
 }
+ROWS["ours-full-flat"] = [*ROWS["ours-full"], "optimizations.flat_optimizer=true"]
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
 PRIORITY = {"ours-full-high-priority": -1}
 FREE = ("free-eager", "free-reduce-overhead")

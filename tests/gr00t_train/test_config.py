@@ -204,3 +204,12 @@ def test_bucket_mib_counts_bytes_of_the_fp32_gradient_buffers() -> None:
     assert bucket_elements(100.0, torch.float32) == 26_214_400  # what `bucket_mb * 2**20 / 4` gave
     assert bucket_elements(100.0, torch.bfloat16) == 52_428_800
     assert bucket_elements(1e-9, torch.float32) == 1
+
+
+def test_the_flat_optimizer_needs_zero1_and_a_gpu() -> None:
+    with pytest.raises(ConfigError, match="optimizations.flat_optimizer: is DistributedAdamW's step: needs comm=zero1_overlap"):
+        apply_overrides(TrainConfig(), ["optimizations.flat_optimizer=true"])
+    with pytest.raises(ConfigError, match="optimizations.flat_optimizer: is a Triton kernel: it needs device=cuda"):
+        apply_overrides(TrainConfig(), ["device=cpu", "optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"])
+    cfg = apply_overrides(TrainConfig(), ["optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"])
+    assert cfg.optimizations.flat_optimizer

@@ -194,13 +194,17 @@ def test_update_stream_fence_holds_back_a_replayed_graph() -> None:
 
 def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic() -> None:
     """The Triton kernel of DistributedAdamW's flat step vs the same arithmetic in torch ops, on random flat
-    buffers with two parameter groups, padding (group 255, left untouched), clipping and a bf16 copy."""
-    from vla_overlap._flat_adamw import _torch_step, _triton_step
+    buffers: runs of two table rows (one longer than a block, one ragged), a gap between runs (padding, left
+    untouched), clipping and a bf16 copy. Tolerance: the kernel may fuse multiply-adds (one rounding instead
+    of two) where torch rounds twice, a few fp32 ulps after one step."""
+    from vla_overlap._flat_adamw import BLOCK, _torch_step, _triton_step
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    n = 3 * 4096 + 123  # several blocks and a ragged end
-    ids = torch.randint(0, 2, (n,), generator=gen, device="cuda").to(torch.uint8)
-    ids[1000:1064] = 255
+    runs = [(0, 2 * BLOCK + 100, 0), (2 * BLOCK + 100, 2 * BLOCK + 1000, 1), (2 * BLOCK + 1064, 3 * BLOCK + 123, 0)]
+    n = runs[-1][1]
+    blocks = torch.tensor(
+        [(at, min(BLOCK, end - at), row) for start, end, row in runs for at in range(start, end, BLOCK)],
+        device="cuda",
+    )  # fmt: skip
     table = torch.tensor([[1 - 1e-3 * 0.1, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
                           [1.0, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
     flats = []
@@ -209,22 +213,28 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic() -> None:
         flat = {key: torch.randn(n, generator=g, device="cuda") for key in ("master", "grad", "exp_avg")}
         flat["exp_avg_sq"] = torch.rand(n, generator=g, device="cuda")
         flat["out"] = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
-        flat["group_ids"] = ids
+        flat["runs"], flat["blocks"] = runs, blocks
         flats.append(flat)
+    before = flats[1]["master"].clone()
     coef = torch.tensor(0.5, device="cuda")
     _torch_step(flats[0], table, coef)
     _triton_step(flats[1], table, coef)
     for key in ("master", "exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(flats[1][key], flats[0][key], rtol=2e-6, atol=1e-7, msg=key)
-    assert torch.equal(flats[1]["out"], flats[1]["master"].bfloat16().where(ids != 255, flats[1]["out"]))
-    assert torch.all(flats[1]["out"][1000:1064] == 0)  # padding untouched
+    gap = slice(2 * BLOCK + 1000, 2 * BLOCK + 1064)
+    assert torch.equal(flats[1]["master"][gap], before[gap])  # padding untouched
+    assert torch.all(flats[1]["out"][gap] == 0)
+    live = torch.ones(n, dtype=torch.bool, device="cuda")
+    live[gap] = False
+    assert torch.equal(flats[1]["out"][live], flats[1]["master"][live].bfloat16())
+    assert not torch.equal(flats[1]["master"][live], before[live])
 
 
 @pytest.mark.parametrize("narrow", [torch.bfloat16, torch.float16])
 def test_cast_kernel_equals_torch_bitwise(narrow: torch.dtype) -> None:
-    """The Triton cast kernel (gradient copies and adds into fp32 buffers, the fp32 -> bf16 write-back) gives
-    torch's mixed-dtype copy_/add_ results bit for bit: widening is exact, the add rounds once in fp32 and
-    narrowing rounds to nearest even in both; sizes off the block and a non-contiguous fallback included."""
+    """The Triton cast kernel (gradient copies and adds into fp32 buffers) gives torch's mixed-dtype
+    copy_/add_ results bit for bit: widening is exact and the add rounds once in fp32 in both; sizes off the
+    block and a non-contiguous fallback included."""
     from vla_overlap._cast_kernel import _kernel_applies, cast_into
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -233,17 +243,12 @@ def test_cast_kernel_equals_torch_bitwise(narrow: torch.dtype) -> None:
         start = torch.randn(n, generator=gen, device="cuda")
         for add in (False, True):
             ours, theirs = start.clone(), start.clone()
-            assert _kernel_applies(ours, source, add)
+            assert _kernel_applies(ours, source)
             cast_into(ours, source, add=add)
             theirs.add_(source) if add else theirs.copy_(source)
             assert torch.equal(ours, theirs), (n, add)
-        wide = torch.randn(n, generator=gen, device="cuda").mul_(1e3)
-        ours, theirs = torch.empty(n, dtype=narrow, device="cuda"), torch.empty(n, dtype=narrow, device="cuda")
-        cast_into(ours, wide)
-        theirs.copy_(wide)
-        assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16)), n
     strided = torch.zeros(64, 2, device="cuda")[:, 0]
     source = torch.randn(64, device="cuda").to(narrow)
-    assert not _kernel_applies(strided, source, False)
+    assert not _kernel_applies(strided, source)
     cast_into(strided, source)
     assert torch.equal(strided, source.float())

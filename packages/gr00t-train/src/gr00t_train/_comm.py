@@ -16,6 +16,7 @@ from torch import nn
 
 from ._config import TrainConfig
 from ._distributed import DistEnv
+from ._errors import ConfigError
 from ._optim import param_groups
 
 
@@ -82,7 +83,10 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             return SyncPlan(ddp, optimizer, DDPGradSync(ddp), False, _clipper(optimizer))
         wrapped = vla_overlap.OverlapDataParallel(model, overlap)
         if opts.comm == "zero1_overlap":
-            optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw)
+            if opts.flat_optimizer and env.device.type != "cuda":
+                raise ConfigError("optimizations.flat_optimizer", f"needs a CUDA device, the run is on {env.device}")
+            flat = "triton" if opts.flat_optimizer else None
+            optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=flat)
         else:
             optimizer = torch.optim.AdamW(groups, **adamw)
     overlapped = opts.comm != "allreduce_after_backward"

@@ -186,6 +186,10 @@ class OptimizationsConfig(_Section):
     """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
     the optimizer, which writes the bf16 copy; gradients accumulate in fp32. The same numbers as fp32 weights
     under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and precision bf16."""
+    flat_optimizer: bool = False
+    """DistributedAdamW's one-pass Triton step: per gradient bucket, one kernel reads the gradient (clipped on
+    the fly), updates the moments and the fp32 master and writes the bf16 weight. Needs comm=zero1_overlap
+    and CUDA."""
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
@@ -204,6 +208,11 @@ class OptimizationsConfig(_Section):
             not self.bf16_weights or self.comm == "zero1_overlap",
             "bf16_weights",
             f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
+        )
+        require(
+            not self.flat_optimizer or self.comm == "zero1_overlap",
+            "flat_optimizer",
+            f"is DistributedAdamW's step: needs comm=zero1_overlap, got comm={self.comm!r}",
         )
         require(
             self.comm != "ddp" or self.grad_reduce_dtype == "float32",
@@ -294,6 +303,11 @@ class TrainConfig(_Section):
             not (self.optimizations.bf16_weights and self.precision == "fp32"),
             "optimizations.bf16_weights",
             "needs bf16 autocast; it cannot run with precision=fp32",
+        )
+        require(
+            not (self.optimizations.flat_optimizer and self.device == "cpu"),
+            "optimizations.flat_optimizer",
+            "is a Triton kernel: it needs device=cuda (or auto on a GPU host)",
         )
         require(bool(self.output_dir), "output_dir", "must not be empty")
 

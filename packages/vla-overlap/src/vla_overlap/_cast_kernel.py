@@ -1,9 +1,9 @@
-"""Vectorized copies between float dtypes (bf16/fp16 gradients into fp32 buffers, fp32 masters into bf16
-parameters) as one Triton kernel, used on CUDA by `cast_into`.
+"""bf16/fp16 gradients copied or added into fp32 buffers by one vectorized Triton kernel, on CUDA.
 
-torch runs a mixed-dtype `copy_` or `add_` through its unvectorized elementwise path: about a quarter of the
-H200's bandwidth over the ~700 tensors of each step. The arithmetic is the same (widening is exact, the add
-rounds once in fp32, narrowing rounds to nearest even as torch does), so results equal torch's bit for bit.
+torch runs a mixed-dtype `copy_` or `add_` through a slow elementwise path: on the H200 the ~500 gradient
+copies of an n1.6-3b step take 5.9 ms with torch, 3.0 ms with this kernel (adds 7.3 -> 5.0 ms;
+benchmarks/optimizer_step.py). The arithmetic is the same (widening is exact, the add rounds once in fp32),
+so results equal torch's bit for bit. (A same-size fp32 -> bf16 copy is already fast in torch.)
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ _NARROW = (torch.bfloat16, torch.float16)
 
 
 def cast_into(target: torch.Tensor, source: torch.Tensor, add: bool = False) -> None:
-    """target = source, or target += source (fp32 targets only), converting dtypes."""
-    if _kernel_applies(target, source, add):
+    """target = source, or target += source, converting dtypes."""
+    if _kernel_applies(target, source):
         _launch(target, source, add)
     elif add:
         target.add_(source)
@@ -26,13 +26,11 @@ def cast_into(target: torch.Tensor, source: torch.Tensor, add: bool = False) -> 
         target.copy_(source)
 
 
-def _kernel_applies(target: torch.Tensor, source: torch.Tensor, add: bool) -> bool:
-    pair = (source.dtype, target.dtype)
-    widening = pair[0] in _NARROW and pair[1] == torch.float32
-    narrowing = pair == (torch.float32, torch.bfloat16) or pair == (torch.float32, torch.float16)
+def _kernel_applies(target: torch.Tensor, source: torch.Tensor) -> bool:
     return (
         target.is_cuda
-        and (widening or (narrowing and not add))
+        and source.dtype in _NARROW
+        and target.dtype == torch.float32
         and source.device == target.device
         and source.numel() == target.numel()
         and target.is_contiguous()
@@ -57,7 +55,7 @@ def _triton():
         value = tl.load(src_ptr + offsets, mask=inside).to(tl.float32)
         if ADD:
             value = tl.load(dst_ptr + offsets, mask=inside) + value
-        tl.store(dst_ptr + offsets, value.to(dst_ptr.dtype.element_ty), mask=inside)
+        tl.store(dst_ptr + offsets, value, mask=inside)
 
     return kernel, triton.cdiv
 

@@ -4,11 +4,14 @@ torch's fused AdamW walks ~700 parameter views per step in chunks and reaches ab
 of an H200; the bf16 copy of the parameters and the gradient clipping are two more passes. Here every
 bucket's shard is contiguous (master weights, gradients, both moments), so one kernel per bucket reads the
 gradient (scaled by the clipping coefficient on the fly), updates the moments and the fp32 master, and writes
-the bf16 parameter copy in the same pass. Hyperparameters come from a small table, looked up through a uint8
-row id per element (255 marks padding between parameters, left untouched). A row is a parameter group at a
-step count: pieces of parameters that no rank used in some step (allow_unused_params) are padding for that
-step and then lag behind their group's count, so they get a row of their own (their own bias correction),
-as each parameter has its own step count in torch's AdamW.
+the bf16 parameter copy in the same pass. Hyperparameters come from a small table of rows; each piece of a
+parameter belongs to a row, and adjacent pieces of one row form a run. The kernel walks blocks of at most
+BLOCK elements that never straddle two runs, so each block reads its row's hyperparameters once, as scalars
+(per-element lookups made an earlier version of the kernel slower than torch's). Padding between parameters,
+and pieces skipped in a step, belong to no run and stay untouched. A row is a parameter group at a step
+count: pieces of parameters that no rank used in some step (allow_unused_params) lag behind their group's
+count, so they get a row of their own (their own bias correction), as each parameter has its own step count
+in torch's AdamW.
 
 The moments stay visible as the inner torch AdamW's per-parameter state (views into the flat buffers), so
 state dicts, schedulers and inspection work as before. `kernel="triton"` runs on CUDA; `kernel="torch"` is
@@ -26,13 +29,12 @@ import torch
 if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
-PADDING = 255
+BLOCK = 4096
+"""Elements per block of the kernel (a block lies in one run)."""
 
 
 def flat_supported(opt: DistributedAdamW, kernel: str) -> str | None:
     """Why the flat step cannot run for this optimizer (None when it can)."""
-    if len(opt.param_groups) >= PADDING:
-        return f"{len(opt.param_groups)} parameter groups (at most {PADDING - 1})"
     if any(master.dtype != torch.float32 for master in opt.masters):
         return "float64 parameters (it steps float32 master weights)"
     for group in opt.param_groups:
@@ -58,7 +60,6 @@ class FlatAdamW:
         self.buckets = []
         for bucket, master in enumerate(opt.masters):
             shard = gather.shard_view(bucket)
-            group_ids = torch.full((master.numel(),), PADDING, dtype=torch.uint8, device=master.device)
             self.buckets.append(
                 {
                     "master": master,
@@ -67,7 +68,8 @@ class FlatAdamW:
                     "exp_avg_sq": torch.zeros_like(master),
                     # the bf16 parameters, written in the same pass (fp32 parameters are their own masters)
                     "out": None if shard.data_ptr() == master.data_ptr() else shard,
-                    "group_ids": group_ids,
+                    "runs": [],  # (start, end, row) in the shard, ascending
+                    "blocks": torch.zeros((0, 3), dtype=torch.int64, device=master.device),
                 }
             )
         group_of = {id(p): g for g, group in enumerate(opt.param_groups) for p in group["params"]}
@@ -75,7 +77,7 @@ class FlatAdamW:
         self.steps = [0] * len(opt.param_groups)  # per group
         self.lags = [0] * len(opt.pieces)  # steps each piece missed: its count is its group's minus this
         self.rows: list[tuple[int, int]] = []  # the table's rows, as (group, lag)
-        self.labels = [PADDING] * len(opt.pieces)  # the row id each piece's elements hold now
+        self.labels: list[int | None] = [None] * len(opt.pieces)  # each piece's row now (None: skipped)
         self.padded: set[int] = set()  # pieces skipped by the last step
         self.relink()
 
@@ -100,25 +102,39 @@ class FlatAdamW:
                 state[key] = view
 
     def _relabel(self, skipped: set[int]) -> None:
-        """One row per (group, lag) among the pieces stepped now; rewrite the ids of pieces whose row moved
-        (none, while no parameter was ever skipped: one row per group, at lag 0)."""
+        """One row per (group, lag) among the pieces stepped now; rebuild the runs and blocks of buckets
+        whose pieces changed row (none, while no parameter was ever skipped: one row per group, at lag 0)."""
         live = {
             (g, lag) for i, (g, lag) in enumerate(zip(self.group_of_piece, self.lags)) if i not in skipped
         }
         self.rows = sorted(live | {(g, 0) for g in range(len(self.steps))})
-        if len(self.rows) >= PADDING:
-            raise RuntimeError(
-                f"FlatAdamW: {len(self.rows)} distinct (parameter group, step count) pairs, at most "
-                f"{PADDING - 1} (parameters skipped in different steps): use DistributedAdamW(flat=None)"
-            )
         row_of = {row: r for r, row in enumerate(self.rows)}
-        for i, (bucket, piece, _) in enumerate(self.opt.pieces):
-            label = PADDING if i in skipped else row_of[(self.group_of_piece[i], self.lags[i])]
-            if label != self.labels[i]:
-                window = slice(piece.shard_start, piece.shard_start + piece.numel)
-                self.buckets[bucket]["group_ids"][window] = label
+        changed = set()
+        for i, (bucket, _, _) in enumerate(self.opt.pieces):
+            label = None if i in skipped else row_of[(self.group_of_piece[i], self.lags[i])]
+            if label != self.labels[i] or not self.buckets[bucket]["runs"]:
                 self.labels[i] = label
+                changed.add(bucket)
+        for bucket in changed:
+            self._rebuild_runs(bucket)
         self.padded = skipped
+
+    def _rebuild_runs(self, bucket: int) -> None:
+        pieces = sorted(
+            (piece.shard_start, piece.shard_start + piece.numel, self.labels[i])
+            for i, (b, piece, _) in enumerate(self.opt.pieces)
+            if b == bucket and self.labels[i] is not None
+        )
+        runs: list[list[int]] = []
+        for start, end, row in pieces:
+            if runs and runs[-1][1] == start and runs[-1][2] == row:
+                runs[-1][1] = end
+            else:
+                runs.append([start, end, row])
+        flat = self.buckets[bucket]
+        flat["runs"] = [tuple(run) for run in runs]
+        blocks = [(at, min(BLOCK, end - at), row) for start, end, row in runs for at in range(start, end, BLOCK)]
+        flat["blocks"] = torch.tensor(blocks, dtype=torch.int64).reshape(-1, 3).to(flat["master"].device)
 
     def write_steps(self) -> None:
         """Put the step counts where torch keeps them (per parameter), for state dicts."""
@@ -156,25 +172,22 @@ class FlatAdamW:
 
 
 def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None) -> None:
-    """The kernel's arithmetic in torch ops (torch AdamW's order of operations)."""
-    ids = flat["group_ids"].long()
-    live = ids != PADDING
-    rows = table[ids.clamp(max=table.shape[0] - 1)]
-    decay, beta1, beta2, eps, step_size, bc2 = rows[:, :6].unbind(dim=1)
-    p, m, v = flat["master"], flat["exp_avg"], flat["exp_avg_sq"]
-    g = flat["grad"] if coef is None else flat["grad"] * coef
-    new_p = p * decay
-    new_m = m.lerp(g, 1 - beta1)
-    new_v = v * beta2 + (1 - beta2) * g * g
-    new_p = new_p - step_size * new_m / (new_v.sqrt() / bc2 + eps)
-    for target, value in ((p, new_p), (m, new_m), (v, new_v)):
-        target.copy_(torch.where(live, value, target))
-    if flat["out"] is not None:
-        flat["out"].copy_(torch.where(live, p.to(flat["out"].dtype), flat["out"]))
+    """The kernel's arithmetic in torch ops (torch AdamW's order of operations), run by run."""
+    for start, end, row in flat["runs"]:
+        decay, beta1, beta2, eps, step_size, bc2 = table[row, :6].unbind()
+        window = slice(start, end)
+        p, m, v = flat["master"][window], flat["exp_avg"][window], flat["exp_avg_sq"][window]
+        g = flat["grad"][window] if coef is None else flat["grad"][window] * coef
+        p.mul_(decay)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).add_((1 - beta2) * g * g)
+        p.sub_(step_size * m / (v.sqrt() / bc2 + eps))
+        if flat["out"] is not None:
+            flat["out"][window].copy_(p)
 
 
 def _triton_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None) -> None:
     from ._flat_adamw_kernel import adamw_flat
 
     adamw_flat(flat["master"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"], flat["out"],
-               flat["group_ids"], table, coef)  # fmt: skip
+               flat["blocks"], table, coef)  # fmt: skip

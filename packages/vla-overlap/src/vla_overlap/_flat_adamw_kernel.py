@@ -5,29 +5,31 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-BLOCK = 4096
+from ._flat_adamw import BLOCK
 
 
 @triton.jit
-def _adamw_flat_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, gid_ptr, table_ptr, coef_ptr, n,
-                       HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < n
-    group = tl.load(gid_ptr + offsets, mask=inside, other=255).to(tl.int32)
-    live = inside & (group != 255)
-    row = table_ptr + tl.where(live, group, 0) * 8
-    decay = tl.load(row + 0, mask=live, other=1.0)
-    beta1 = tl.load(row + 1, mask=live, other=0.0)
-    beta2 = tl.load(row + 2, mask=live, other=0.0)
-    eps = tl.load(row + 3, mask=live, other=1.0)
-    step_size = tl.load(row + 4, mask=live, other=0.0)
-    bc2 = tl.load(row + 5, mask=live, other=1.0)
-    p = tl.load(p_ptr + offsets, mask=live, other=0.0)
-    g = tl.load(g_ptr + offsets, mask=live, other=0.0)
+def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr,
+                         HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    block = blocks_ptr + tl.program_id(0).to(tl.int64) * 3  # (start, length, row): one run's piece
+    start = tl.load(block)
+    length = tl.load(block + 1)
+    row = table_ptr + tl.load(block + 2) * 8
+    decay = tl.load(row + 0)
+    beta1 = tl.load(row + 1)
+    beta2 = tl.load(row + 2)
+    eps = tl.load(row + 3)
+    step_size = tl.load(row + 4)
+    bc2 = tl.load(row + 5)
+    lanes = tl.arange(0, BLOCK)
+    live = lanes < length
+    offsets = start + lanes
+    p = tl.load(p_ptr + offsets, mask=live)
+    g = tl.load(g_ptr + offsets, mask=live)
     if HAS_COEF:
         g = g * tl.load(coef_ptr)
-    m = tl.load(m_ptr + offsets, mask=live, other=0.0)
-    v = tl.load(v_ptr + offsets, mask=live, other=0.0)
+    m = tl.load(m_ptr + offsets, mask=live)
+    v = tl.load(v_ptr + offsets, mask=live)
     p = p * decay
     m = m + (1.0 - beta1) * (g - m)
     v = v * beta2 + (1.0 - beta2) * g * g
@@ -40,13 +42,13 @@ def _adamw_flat_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, gid_ptr, table_ptr, 
         tl.store(out_ptr + offsets, p.to(out_ptr.dtype.element_ty), mask=live)
 
 
-def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, group_ids, table, coef) -> None:
-    """One AdamW step over flat fp32 tensors of equal length (see FlatAdamW)."""
-    n = master.numel()
-    if n == 0:
+def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef) -> None:
+    """One AdamW step over the `blocks` ([K, 3] int64: start, length <= BLOCK, table row) of flat fp32
+    tensors of equal length (see FlatAdamW)."""
+    if len(blocks) == 0:
         return
-    _adamw_flat_kernel[(triton.cdiv(n, BLOCK),)](
-        master, grad, exp_avg, exp_avg_sq, master if out is None else out, group_ids, table,
-        master if coef is None else coef, n, HAS_OUT=out is not None, HAS_COEF=coef is not None,
+    _adamw_blocks_kernel[(len(blocks),)](
+        master, grad, exp_avg, exp_avg_sq, master if out is None else out, blocks, table,
+        master if coef is None else coef, HAS_OUT=out is not None, HAS_COEF=coef is not None,
         BLOCK=BLOCK, num_warps=8,
     )  # fmt: skip

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._cast_kernel import cast_into
 from ._flat_adamw import FlatAdamW, flat_supported
 from ._state import gather_state_dict, scatter_state_dict
 from ._wrapper import OverlapDataParallel
@@ -241,7 +240,7 @@ class DistributedAdamW(torch.optim.Optimizer):
         for bucket, master in enumerate(self.masters):
             shard = gather.shard_view(bucket)
             if master is not shard:
-                cast_into(shard, master)  # fp32 -> bf16, vectorized on CUDA
+                shard.copy_(master)
 
     def state_dict(self) -> dict[str, Any]:
         """Full, unsharded state keyed by parameter name (a collective: every rank must call it; every rank
