@@ -207,9 +207,19 @@ def test_bucket_mib_counts_bytes_of_the_fp32_gradient_buffers() -> None:
 
 
 def test_the_flat_optimizer_needs_zero1_and_a_gpu() -> None:
-    with pytest.raises(ConfigError, match="optimizations.flat_optimizer: is DistributedAdamW's step: needs comm=zero1_overlap"):
+    with pytest.raises(
+        ConfigError,
+        match="optimizations.flat_optimizer: is DistributedAdamW's step: needs comm=zero1_overlap",
+    ):
         apply_overrides(TrainConfig(), ["optimizations.flat_optimizer=true"])
-    with pytest.raises(ConfigError, match="optimizations.flat_optimizer: is a Triton kernel: it needs device=cuda"):
-        apply_overrides(TrainConfig(), ["device=cpu", "optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"])
-    cfg = apply_overrides(TrainConfig(), ["optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"])
+    with pytest.raises(
+        ConfigError, match="optimizations.flat_optimizer: is a Triton kernel: it needs device=cuda"
+    ):
+        apply_overrides(
+            TrainConfig(),
+            ["device=cpu", "optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"],
+        )
+    cfg = apply_overrides(
+        TrainConfig(), ["optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"]
+    )
     assert cfg.optimizations.flat_optimizer

@@ -199,7 +199,11 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic() -> None:
     of two) where torch rounds twice, a few fp32 ulps after one step."""
     from vla_overlap._flat_adamw import BLOCK, _torch_step, _triton_step
 
-    runs = [(0, 2 * BLOCK + 100, 0), (2 * BLOCK + 100, 2 * BLOCK + 1000, 1), (2 * BLOCK + 1064, 3 * BLOCK + 123, 0)]
+    runs = [
+        (0, 2 * BLOCK + 100, 0),
+        (2 * BLOCK + 100, 2 * BLOCK + 1000, 1),
+        (2 * BLOCK + 1064, 3 * BLOCK + 123, 0),
+    ]
     n = runs[-1][1]
     blocks = torch.tensor(
         [(at, min(BLOCK, end - at), row) for start, end, row in runs for at in range(start, end, BLOCK)],

@@ -84,7 +84,9 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
         wrapped = vla_overlap.OverlapDataParallel(model, overlap)
         if opts.comm == "zero1_overlap":
             if opts.flat_optimizer and env.device.type != "cuda":
-                raise ConfigError("optimizations.flat_optimizer", f"needs a CUDA device, the run is on {env.device}")
+                raise ConfigError(
+                    "optimizations.flat_optimizer", f"needs a CUDA device, the run is on {env.device}"
+                )
             flat = "triton" if opts.flat_optimizer else None
             optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=flat)
         else:

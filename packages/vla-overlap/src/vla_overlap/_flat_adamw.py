@@ -133,7 +133,9 @@ class FlatAdamW:
                 runs.append([start, end, row])
         flat = self.buckets[bucket]
         flat["runs"] = [tuple(run) for run in runs]
-        blocks = [(at, min(BLOCK, end - at), row) for start, end, row in runs for at in range(start, end, BLOCK)]
+        blocks = [
+            (at, min(BLOCK, end - at), row) for start, end, row in runs for at in range(start, end, BLOCK)
+        ]
         flat["blocks"] = torch.tensor(blocks, dtype=torch.int64).reshape(-1, 3).to(flat["master"].device)
 
     def write_steps(self) -> None:

@@ -42,13 +42,13 @@ def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_
         tl.store(out_ptr + offsets, p.to(out_ptr.dtype.element_ty), mask=live)
 
 
-def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef) -> None:
-    """One AdamW step over the `blocks` ([K, 3] int64: start, length <= BLOCK, table row) of flat fp32
+def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef, block=BLOCK, num_warps=8) -> None:
+    """One AdamW step over the `blocks` ([K, 3] int64: start, length <= block, table row) of flat fp32
     tensors of equal length (see FlatAdamW)."""
     if len(blocks) == 0:
         return
     _adamw_blocks_kernel[(len(blocks),)](
         master, grad, exp_avg, exp_avg_sq, master if out is None else out, blocks, table,
         master if coef is None else coef, HAS_OUT=out is not None, HAS_COEF=coef is not None,
-        BLOCK=BLOCK, num_warps=8,
+        BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
