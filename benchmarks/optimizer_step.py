@@ -145,7 +145,7 @@ def kernels(numel: int, reps: int) -> list[dict]:
     table = torch.tensor([[1 - 1e-6, 0.9, 0.999, 1e-8, 1e-4, 0.03, 0, 0]], device="cuda")
     coef = torch.tensor(0.5, device="cuda")
     rows = []
-    for block, warps in ((4096, 8), (8192, 8), (16384, 16), (32768, 32)):
+    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 8)):
         starts = torch.arange(0, numel, block, device="cuda")
         blocks = torch.stack([starts, (numel - starts).clamp(max=block), torch.zeros_like(starts)], 1)
 
@@ -169,6 +169,7 @@ def main() -> None:
     p.add_argument("--preset", default="n1.6-3b")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", type=Path)
+    p.add_argument("--only", choices=["copies", "optimizer", "kernels"], help="one section")
     args = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -176,17 +177,14 @@ def main() -> None:
     shapes = trainable_shapes(args.preset)
     numel = sum(s.numel() for _, s, _ in shapes)
     print(f"{args.preset}: {len(shapes)} trainable tensors, {numel / 1e9:.3f} B elements", flush=True)
-    rows = copies(shapes, args.reps)
-    for row in rows:
-        print(json.dumps(row), flush=True)
-    torch.cuda.empty_cache()
-    for row in optimizer(shapes, args.reps):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    torch.cuda.empty_cache()
-    for row in kernels(numel, args.reps):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    rows = []
+    sections = {"copies": copies, "optimizer": optimizer, "kernels": lambda s, r: kernels(numel, r)}
+    for name, section in sections.items():
+        if args.only in (None, name):
+            for row in section(shapes, args.reps):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            torch.cuda.empty_cache()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
               "tensors": len(shapes), "elements": numel, "rows": rows}  # fmt: skip
     if args.json:
