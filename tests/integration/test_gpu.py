@@ -60,7 +60,7 @@ def test_gpu_bench_ladder_runs(dataset, tmp_path) -> None:
                    "data.num_workers=1", f"output_dir={tmp_path}", "logging.progress=false"],
     )  # fmt: skip
     result = run_ladder(base, steps=3, warmup=4)
-    assert result["rows"][0]["row"].startswith("baseline") and len(result["rows"]) == 8
+    assert result["rows"][0]["row"].startswith("baseline") and len(result["rows"]) == 9
     assert result["rows"][4]["graph_backend"] == "cuda_graph" and "kernel_families_ms" in result["rows"][-1]
     assert all(r["mfu"] is None or r["mfu"] > 0 for r in result["rows"])
     assert "speedup" in format_table(result)

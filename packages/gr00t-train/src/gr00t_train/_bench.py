@@ -42,6 +42,7 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ compiled blocks", ["optimizations.compile=on"]),
     ("+ bf16 weights", ["optimizations.comm=zero1_overlap", "optimizations.bf16_weights=true"]),
     ("+ optimizer overlap", ["optimizations.optimizer_overlap=true"]),
+    ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=true"]),
 ]
 """(row name, the switches it changes on top of the previous row)."""
 

@@ -29,7 +29,7 @@ import torch
 if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
-BLOCK = 4096
+BLOCK = 1024
 """Elements per block of the kernel (a block lies in one run)."""
 
 

@@ -42,7 +42,7 @@ def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_
         tl.store(out_ptr + offsets, p.to(out_ptr.dtype.element_ty), mask=live)
 
 
-def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef, block=BLOCK, num_warps=8) -> None:
+def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef, block=BLOCK, num_warps=4) -> None:
     """One AdamW step over the `blocks` ([K, 3] int64: start, length <= block, table row) of flat fp32
     tensors of equal length (see FlatAdamW)."""
     if len(blocks) == 0:
