@@ -43,7 +43,7 @@ ROWS = {
         "optimizations.optimizer_overlap=true",
     ],  # fmt: skip
 }
-ROWS["ours-full-flat"] = [*ROWS["ours-full"], "optimizations.flat_optimizer=true"]
+ROWS["ours-full-flat"] = [*ROWS["ours-full"], "optimizations.flat_optimizer=on"]
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
 PRIORITY = {"ours-full-high-priority": -1}
 FREE = ("free-eager", "free-reduce-overhead")

@@ -211,15 +211,16 @@ def test_the_flat_optimizer_needs_zero1_and_a_gpu() -> None:
         ConfigError,
         match="optimizations.flat_optimizer: is DistributedAdamW's step: needs comm=zero1_overlap",
     ):
-        apply_overrides(TrainConfig(), ["optimizations.flat_optimizer=true"])
+        apply_overrides(TrainConfig(), ["optimizations.flat_optimizer=on"])
     with pytest.raises(
         ConfigError, match="optimizations.flat_optimizer: is a Triton kernel: it needs device=cuda"
     ):
         apply_overrides(
             TrainConfig(),
-            ["device=cpu", "optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"],
+            ["device=cpu", "optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=on"],
         )
     cfg = apply_overrides(
-        TrainConfig(), ["optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=true"]
+        TrainConfig(), ["optimizations.comm=zero1_overlap", "optimizations.flat_optimizer=on"]
     )
-    assert cfg.optimizations.flat_optimizer
+    assert cfg.optimizations.flat_optimizer == "on"
+    assert apply_overrides(TrainConfig(), ["device=cpu"]).optimizations.flat_optimizer == "auto"  # off on CPU

@@ -77,7 +77,7 @@ def test_the_full_stack_trains_and_follows_eager(dataset, tmp_path, train_args, 
     common = ("steps=10", "precision=bf16", "optim.grad_accum=2", "data.augment=false", "data.shuffle=false")
     fast = (f"optimizations.graph={graph}", "optimizations.compile=on", "optimizations.comm=zero1_overlap",
             "optimizations.bf16_weights=true", "optimizations.optimizer_overlap=true",
-            f"optimizations.flat_optimizer={str(flat).lower()}")  # fmt: skip
+            f"optimizations.flat_optimizer={'on' if flat else 'off'}")  # fmt: skip
     plain = ("optimizations.graph=eager", "optimizations.compile=off", "optimizations.comm=overlap")
     runs = {}
     for name, sets in (("plain", plain), ("fast", fast)):

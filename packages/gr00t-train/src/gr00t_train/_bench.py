@@ -30,7 +30,7 @@ LADDER: list[tuple[str, list[str]]] = [
             "optimizations.fused_optimizer=false",
             "optimizations.bf16_weights=false",
             "optimizations.optimizer_overlap=false",
-            "optimizations.flat_optimizer=false",
+            "optimizations.flat_optimizer=off",
             "optimizations.tf32=true",
             "optimizations.cudnn_benchmark=true",
         ],
@@ -42,7 +42,7 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ compiled blocks", ["optimizations.compile=on"]),
     ("+ bf16 weights", ["optimizations.comm=zero1_overlap", "optimizations.bf16_weights=true"]),
     ("+ optimizer overlap", ["optimizations.optimizer_overlap=true"]),
-    ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=true"]),
+    ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=on"]),
 ]
 """(row name, the switches it changes on top of the previous row)."""
 

@@ -83,17 +83,20 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             return SyncPlan(ddp, optimizer, DDPGradSync(ddp), False, _clipper(optimizer))
         wrapped = vla_overlap.OverlapDataParallel(model, overlap)
         if opts.comm == "zero1_overlap":
-            if opts.flat_optimizer and env.device.type != "cuda":
-                raise ConfigError(
-                    "optimizations.flat_optimizer", f"needs a CUDA device, the run is on {env.device}"
-                )
-            flat = "triton" if opts.flat_optimizer else None
-            optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=flat)
+            optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=_flat_kernel(opts, env))
         else:
             optimizer = torch.optim.AdamW(groups, **adamw)
     overlapped = opts.comm != "allreduce_after_backward"
     in_graph = overlapped and opts.graph == "per_microbatch" and opts.sync_in_graph
     return SyncPlan(wrapped, optimizer, wrapped.grad_sync, in_graph, _clipper(optimizer, wrapped))
+
+
+def _flat_kernel(opts: Any, env: DistEnv) -> str | None:
+    """DistributedAdamW's `flat` argument for `optimizations.flat_optimizer` (auto: the Triton step on CUDA)."""
+    on_gpu = env.device.type == "cuda"
+    if opts.flat_optimizer == "on" and not on_gpu:
+        raise ConfigError("optimizations.flat_optimizer", f"needs a CUDA device, the run is on {env.device}")
+    return "triton" if on_gpu and opts.flat_optimizer != "off" else None
 
 
 def bucket_elements(mib: float, grad_dtype: torch.dtype) -> int:

@@ -186,10 +186,12 @@ class OptimizationsConfig(_Section):
     """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
     the optimizer, which writes the bf16 copy; gradients accumulate in fp32. The same numbers as fp32 weights
     under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and precision bf16."""
-    flat_optimizer: bool = False
+    flat_optimizer: Literal["auto", "on", "off"] = "auto"
     """DistributedAdamW's one-pass Triton step: per gradient bucket, one kernel reads the gradient (clipped on
-    the fly), updates the moments and the fp32 master and writes the bf16 weight. Needs comm=zero1_overlap
-    and CUDA."""
+    the fly), updates the moments and the fp32 master and writes the bf16 weight (15.1 ms for n1.6-3b on an
+    H200, torch's fused AdamW and the write-back 23.0 ms). auto = on with comm=zero1_overlap on CUDA; on
+    needs both.
+    """
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
@@ -210,7 +212,7 @@ class OptimizationsConfig(_Section):
             f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
         )
         require(
-            not self.flat_optimizer or self.comm == "zero1_overlap",
+            self.flat_optimizer != "on" or self.comm == "zero1_overlap",
             "flat_optimizer",
             f"is DistributedAdamW's step: needs comm=zero1_overlap, got comm={self.comm!r}",
         )
@@ -305,7 +307,7 @@ class TrainConfig(_Section):
             "needs bf16 autocast; it cannot run with precision=fp32",
         )
         require(
-            not (self.optimizations.flat_optimizer and self.device == "cpu"),
+            not (self.optimizations.flat_optimizer == "on" and self.device == "cpu"),
             "optimizations.flat_optimizer",
             "is a Triton kernel: it needs device=cuda (or auto on a GPU host)",
         )
