@@ -1,12 +1,12 @@
 """The step's memory-bound passes over the trainable weights of n1.6-3b, alone on the GPU: the bf16 -> fp32
-gradient copies (torch's mixed-dtype copy vs vla-overlap's cast kernel), the fp32 -> bf16 parameter write-back
-(torch), DistributedAdamW's step (clip + update + write-back) with torch's fused AdamW vs the flat Triton kernel, and that kernel alone at
-several block sizes next to torch's fused AdamW over one flat tensor.
+gradient copies (torch's mixed-dtype copy vs vla-overlap's cast kernel), the fp32 -> bf16 parameter
+write-back (torch), DistributedAdamW's step (clip + update + write-back) with torch's fused AdamW vs the flat
+Triton kernel, and that kernel alone at several block sizes next to torch's fused AdamW on one flat tensor.
 
 Parameters have the model's trainable shapes and dtypes (bf16 working weights), random values; copies are
 captured in one CUDA graph per variant (no launch overhead, as in training) and timed by replaying it. Each
 row gives ms and the bandwidth reached (bytes the pass must move / time), and whether the fast path equals the
-reference bit for bit (copies) or how far it is from it (optimizer: ulps of the bf16 weights after 3 steps).
+reference bit for bit (copies) or how far it is from it (optimizer: the weights after 3 steps).
 
     PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/optimizer_step.py --json out.json
 """
