@@ -4,6 +4,8 @@
 #   tests   the whole GPU suite: `pytest tests -m gpu` (its pass line goes into BENCHMARKS.md with the date)
 #   ladder  one run of the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
 #   all     both (default), tests first
+#   speed   our full step side by side with torch.compile(mode="reduce-overhead") on a fixed batch, then the
+#           200-step loss parity of the full stack against eager (benchmarks/step_variants.py; about 8 min)
 #
 # Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
 #   mkdir -p .gpu/whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -30,5 +32,10 @@ if [ "$what" = ladder ] || [ "$what" = all ]; then
   (cd benchmarks && python3 train_ablation.py --dataset "$data" --steps 20 --warmup 6 --workers 12 \
     --json "$out/train_ablation_h200_$day.json") > "$out/ladder.log" 2>&1 || status=1
   tail -n 20 "$out/ladder.log"
+fi
+if [ "$what" = speed ]; then
+  python3 benchmarks/step_variants.py --rows ours-full,free-reduce-overhead,parity --steps 30 --warmup 5 \
+    --json "$out/step_variants_h200_$day.json" > "$out/step_variants.log" 2>&1 || status=1
+  tail -n 20 "$out/step_variants.log"
 fi
 exit $status

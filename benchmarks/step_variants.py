@@ -6,8 +6,9 @@ Rows (n1.6-3b, random weights, batch 16, two 252x252 cameras, bf16 autocast, TF3
   free-reduce-overhead  torch.compile(model, mode="reduce-overhead") + fused AdamW
   ours-*                gr00t_train.Trainer on the fixed batch: per-microbatch CUDA graphs with the gradient
                         sync inside, per-block compiled kernels (compile), bf16 working weights with fp32 masters
-                        (bf16w), the optimizer on a side stream under the next step's frozen forward (overlap),
-                        DistributedAdamW's one-pass Triton step (flat)
+                        (bf16w), the optimizer on a side stream under the next step's frozen forward (overlap,
+                        with torch's fused AdamW in ours-full-fused-adamw, DistributedAdamW's one-pass Triton
+                        step in ours-full)
 Each row reports samples/s (whole optimizer steps), MFU against the datasheet peak, start-up (first step:
 compile + capture), peak memory and the loss after the measured steps. The `parity` row trains the full
 stack and eager for N steps with dropout off on identical batches and reports the largest relative loss
@@ -28,22 +29,18 @@ from pathlib import Path
 
 import torch
 
+_BF16W = ["optimizations.compile=on", "optimizations.comm=zero1_overlap", "optimizations.bf16_weights=true"]
 ROWS = {
     "ours-graphs": [],
     "ours-graphs-compile": ["optimizations.compile=on"],
-    "ours-graphs-compile-bf16w": [
-        "optimizations.compile=on",
-        "optimizations.comm=zero1_overlap",
-        "optimizations.bf16_weights=true",
-    ],  # fmt: skip
-    "ours-full": [
-        "optimizations.compile=on",
-        "optimizations.comm=zero1_overlap",
-        "optimizations.bf16_weights=true",
+    "ours-graphs-compile-bf16w": [*_BF16W, "optimizations.flat_optimizer=off"],
+    "ours-full-fused-adamw": [
+        *_BF16W,
         "optimizations.optimizer_overlap=true",
-    ],  # fmt: skip
+        "optimizations.flat_optimizer=off",
+    ],
+    "ours-full": [*_BF16W, "optimizations.optimizer_overlap=true", "optimizations.flat_optimizer=on"],
 }
-ROWS["ours-full-flat"] = [*ROWS["ours-full"], "optimizations.flat_optimizer=on"]
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
 PRIORITY = {"ours-full-high-priority": -1}
 FREE = ("free-eager", "free-reduce-overhead")
@@ -196,7 +193,8 @@ def parity(args, out: Path, env) -> dict:
     batches = _batches(args, 4)
     runs = {}
     for name, extra in (("parity-eager", ["optimizations.graph=eager", "optimizations.compile=off",
-                                          "optimizations.optimizer_overlap=false"]),
+                                          "optimizations.optimizer_overlap=false",
+                                          "optimizations.flat_optimizer=off"]),
                         ("parity-full", [])):  # fmt: skip
         row = run_ours(args, name, [*ROWS["ours-full"], *extra], out, env, batches, steps=args.parity,
                        dropout=False)  # fmt: skip
