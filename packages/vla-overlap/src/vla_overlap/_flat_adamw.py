@@ -1,7 +1,7 @@
 """FlatAdamW: DistributedAdamW's step as one pass over each bucket's flat shard.
 
-torch's fused AdamW walks ~700 parameter views per step in chunks and reaches about half the memory bandwidth
-of an H200; the bf16 copy of the parameters and the gradient clipping are two more passes. Here every
+torch's fused AdamW walks the ~500 parameter views of n1.6-3b in chunks at about half an H200's memory
+bandwidth; the bf16 copy of the parameters and the gradient clipping are two more passes. Here every
 bucket's shard is contiguous (master weights, gradients, both moments), so one kernel per bucket reads the
 gradient (scaled by the clipping coefficient on the fly), updates the moments and the fp32 master, and writes
 the bf16 parameter copy in the same pass. Hyperparameters come from a small table of rows; each piece of a
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
 BLOCK = 1024
-"""Elements per block of the kernel (a block lies in one run)."""
+"""Elements per block of the kernel (a block lies in one run). On an H200 over 1.62 B elements, with 4 warps:
+1024 -> 11.7 ms, 2048 (8 warps) -> 12.6, 4096 -> 16.7, 8192 -> 43.6 (register spills)."""
 
 
 def flat_supported(opt: DistributedAdamW, kernel: str) -> str | None:
