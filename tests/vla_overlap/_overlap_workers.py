@@ -745,6 +745,21 @@ def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
             "moments": {name: entry["exp_avg_sq"] for name, entry in saved["state"].items()},
             "steps": [float(entry["step"]) for entry in saved["state"].values()],
         }
+    # The flat moments exist from the first step on (as torch's AdamW state does), and a state dict saved
+    # before any step, loaded into a stepped optimizer, leaves them zero (a fresh start).
+    fresh_module = _bf16_model(mixed=True)
+    fresh_model = OverlapDataParallel(
+        fresh_module, OverlapConfig(bucket_elements=600), process_group=ctx.group
+    )
+    fresh = DistributedAdamW(fresh_model, param_groups(fresh_module), **{**ADAMW, "flat": "torch"})
+    out["lazy_moments"] = all(
+        flat[key] is None for flat in fresh.flat.buckets for key in ("exp_avg", "exp_avg_sq")
+    )
+    out["state_before_step"] = sorted({key for state in fresh.state.values() for key in state})
+    opt.load_state_dict(fresh.state_dict())  # opt: the flat one, stepped above
+    out["moments_after_fresh_load"] = [
+        float(flat[key].abs().sum()) for flat in opt.flat.buckets for key in ("exp_avg", "exp_avg_sq")
+    ]
     return out
 
 

@@ -25,3 +25,5 @@ def test_flat_step_matches_torch_adamw_and_state_dicts_cross_over(pool) -> None:
                 torch.testing.assert_close(
                     flat_run[key][name].float(), value.float(), rtol=8e-3, atol=1e-5, msg=name
                 )
+        assert rank_result["lazy_moments"] and rank_result["state_before_step"] == []
+        assert rank_result["moments_after_fresh_load"] and not any(rank_result["moments_after_fresh_load"])

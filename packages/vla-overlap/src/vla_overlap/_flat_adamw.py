@@ -29,6 +29,7 @@ import torch
 if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
+MOMENTS = ("exp_avg", "exp_avg_sq")
 BLOCK = 1024
 """Elements per block of the kernel (a block lies in one run). On an H200 over 1.62 B elements, with 4 warps:
 1024 -> 11.7 ms, 2048 (8 warps) -> 12.6, 4096 -> 16.7, 8192 -> 43.6 (register spills)."""
@@ -65,8 +66,10 @@ class FlatAdamW:
                 {
                     "master": master,
                     "grad": opt._grad_shards[bucket],
-                    "exp_avg": torch.zeros_like(master),
-                    "exp_avg_sq": torch.zeros_like(master),
+                    # the moments, allocated at the first step as torch's AdamW does: not held through the
+                    # first forward and backward, where compilation and graph capture peak
+                    "exp_avg": None,
+                    "exp_avg_sq": None,
                     # the bf16 parameters, written in the same pass (fp32 parameters are their own masters)
                     "out": None if shard.data_ptr() == master.data_ptr() else shard,
                     "runs": [],  # (start, end, row) in the shard, ascending
@@ -83,8 +86,8 @@ class FlatAdamW:
         self.relink()
 
     def relink(self) -> None:
-        """Make the inner AdamW's per-parameter state views into the flat buffers (copying what a state
-        dict load put there), and read the step counts."""
+        """Read the step counts, and make the inner AdamW's per-parameter state views into the flat buffers
+        (copying what a state dict load put there; zero where it put none)."""
         opt = self.opt
         counts = [int(opt.state.get(master, {}).get("step", 0)) for _, _, master in opt.pieces]
         self.steps = [0] * len(opt.param_groups)
@@ -92,13 +95,23 @@ class FlatAdamW:
             self.steps[g] = max(self.steps[g], count)
         self.lags = [self.steps[g] - count for g, count in zip(self.group_of_piece, counts)]
         self._relabel(set())
-        for bucket, piece, master in opt.pieces:
-            flat = self.buckets[bucket]
+        loaded = any(key in opt.state.get(master, {}) for _, _, master in opt.pieces for key in MOMENTS)
+        if loaded or self.buckets[0]["exp_avg"] is not None:
+            self._link_moments()
+
+    def _link_moments(self) -> None:
+        for flat in self.buckets:
+            for key in MOMENTS:
+                if flat[key] is None:
+                    flat[key] = torch.zeros_like(flat["master"])
+        for bucket, piece, master in self.opt.pieces:
             window = slice(piece.shard_start, piece.shard_start + piece.numel)
-            state = opt.state.setdefault(master, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                view = flat[key][window]
-                if key in state and state[key] is not view:
+            state = self.opt.state.setdefault(master, {})
+            for key in MOMENTS:
+                view = self.buckets[bucket][key][window]
+                if key not in state:
+                    view.zero_()
+                elif state[key] is not view:
                     view.copy_(state[key].reshape(-1))
                 state[key] = view
 
@@ -163,6 +176,8 @@ class FlatAdamW:
     def step(self, coef: torch.Tensor | None, skipped: list[int] | tuple[int, ...] = ()) -> None:
         """One AdamW step of every bucket; gradients are multiplied by `coef` (the clipping) as they are read.
         `skipped`: pieces (indices into opt.pieces) left untouched, their step count not advanced."""
+        if self.buckets[0]["exp_avg"] is None:
+            self._link_moments()
         self.steps = [s + 1 for s in self.steps]
         if skipped or self.padded:
             for i in skipped:
