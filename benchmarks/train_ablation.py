@@ -1,9 +1,11 @@
-"""The ablation ladder of DESIGN.md section 5, measured in one run of the real trainer.
+"""The ablation ladder of DESIGN.md section 5, measured in one run of the real trainer (`gr00t-train bench`).
 
-Rows (cumulative): baseline (synchronous data in the training loop, eager, all-reduce after backward,
-unfused AdamW, no TF32) -> + async data -> + overlap -> + per-microbatch CUDA graphs -> + everything else
-(fused AdamW, TF32, cuDNN autotuning). Same model, data, device and steps in every row; each row prints
-samples/s, tokens/s, MFU (analytic FLOPs from gr00t_model / 790 TFLOP/s on an H200) and its speedup.
+Rows (cumulative, gr00t_train._bench.LADDER): the LeRobot-style baseline (a torch DataLoader with workers,
+eager, torch DDP, foreach AdamW, autocast) -> + vla-io pipeline -> + overlap -> + fused AdamW -> + CUDA graphs
+-> + compiled blocks -> + bf16 weights -> + optimizer overlap -> + one-pass optimizer kernel. Same model,
+data, device and steps in every row; each row prints samples/s, MFU (analytic FLOPs from gr00t_model against
+the GPU's datasheet dense bf16 peak), the step breakdown and its speedup over the baseline. The baseline is
+host-bound and varies between runs: it runs `--baseline-runs` times and the median counts.
 
 Default setting: LIBERO-like, `n1.6-3b` with random weights, batch 16 per GPU, two 256x256 cameras.
 
@@ -31,7 +33,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=8, help="decoding worker processes (async rows)")
     p.add_argument("--steps", type=int, default=20, help="measured steps per row")
     p.add_argument("--warmup", type=int, default=6, help="steps per row before measuring (graph capture)")
-    p.add_argument("--rows", help="comma-separated row indices (default: all five)")
+    p.add_argument("--rows", help="comma-separated row indices (default: all)")
+    p.add_argument("--baseline-runs", type=int, default=3, help="runs of the baseline row (median counts)")
     p.add_argument("--out", default="runs/train_ablation", help="logs of each row")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -49,7 +52,8 @@ def argv(args: argparse.Namespace) -> list[str]:
         "logging.progress=false",
         *args.overrides,
     ]
-    out = ["bench", "--preset", "libero", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    out = ["bench", "--preset", "libero", "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--baseline-runs", str(args.baseline_runs)]  # fmt: skip
     if args.rows:
         out += ["--rows", args.rows]
     if args.json:

@@ -42,7 +42,8 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ compiled blocks", ["optimizations.compile=on"]),
     ("+ bf16 weights", ["optimizations.comm=zero1_overlap", "optimizations.bf16_weights=true"]),
     ("+ optimizer overlap", ["optimizations.optimizer_overlap=true"]),
-    ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=on"]),
+    # auto: the Triton kernel on CUDA; on a CPU (no Triton step) this row repeats the one before
+    ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=auto"]),
 ]
 """(row name, the switches it changes on top of the previous row)."""
 
@@ -69,15 +70,22 @@ def ladder_configs(base: TrainConfig, steps: int, warmup: int) -> list[tuple[str
 
 
 def run_ladder(
-    base: TrainConfig, *, steps: int, warmup: int, rows: list[int] | None = None, profile: bool = True
+    base: TrainConfig,
+    *,
+    steps: int,
+    warmup: int,
+    rows: list[int] | None = None,
+    profile: bool = True,
+    baseline_runs: int = 1,
 ) -> dict[str, Any]:
     """Train every selected row; returns the table as a JSON-ready dict (speedups over the first row run).
-    With `profile`, the last row's GPU kernel time by family over 3 extra steps is added."""
-    from ._build import build_parts
+    With `profile`, the last row's GPU kernel time by family over 3 extra steps is added. The first row runs
+    `baseline_runs` times (the baseline is host-bound and varies between runs): it reports the run of
+    median samples/s, every run's samples/s in `samples_per_s_runs`."""
     from ._distributed import init_distributed, shutdown_distributed
-    from ._run import share_cpu_cores
-    from ._trainer import Trainer
 
+    if baseline_runs < 1:
+        raise ValueError(f"baseline_runs must be >= 1, got {baseline_runs}")
     env = init_distributed(base.device)
     results = []
     configs = ladder_configs(base, steps, warmup)
@@ -86,50 +94,15 @@ def run_ladder(
         for index in selected:
             name, cfg = configs[index]
             last = profile and index == selected[-1] and env.device.type == "cuda"
-            if last:  # three more steps, recorded by the profiler after the measured ones
-                cfg = apply_overrides(cfg, [f"steps={warmup + steps + 3}"])
-            log.info("ablation row %d: %s", index, name)
-            started = time.perf_counter()
-            if env.device.type == "cpu":
-                share_cpu_cores(cfg)
-            if env.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(env.device)
-            parts = build_parts(cfg, env)
-            trainer = Trainer(cfg, parts, env)
-            kernels = None
-            if last:
-                from ._profile import profile_steps
-
-                kernels = profile_steps(trainer, skip=warmup + steps, active=3)
-            if kernels is None:
-                summary = trainer.fit()
-            else:  # the throughput of the measured steps only, not of the profiled ones after them
-                from ._components.metrics import read_history
-                from ._metrics import summarize
-
-                history = read_history(Path(cfg.output_dir) / "metrics.jsonl")[: warmup + steps]
-                summary = summarize(history, warmup, trainer.throughput)
-            results.append(
-                {
-                    "row": name,
-                    "switches": dataclasses.asdict(cfg.optimizations),
-                    "samples_per_s": summary.samples_per_s,
-                    "tokens_per_s": summary.tokens_per_s,
-                    "mfu": summary.mfu,
-                    "step_time_ms": 1000 * summary.step_time_s,
-                    "breakdown_ms": {k: 1000 * v for k, v in summary.breakdown_s.items()},
-                    "optimizer_overlapped_ms": 1000 * summary.optimizer_overlapped_s,
-                    "first_loss": summary.first_loss,
-                    "final_loss": summary.final_loss,
-                    **trainer.run_facts(),
-                    "row_wall_s": time.perf_counter() - started,
-                    **({"kernel_families_ms": kernels} if kernels is not None else {}),
-                }
-            )
-            if hasattr(parts.model, "uncompile_blocks"):
-                parts.model.uncompile_blocks()  # compiled forwards hold their blocks: let the model go
-            del trainer, parts
-            _free_device_memory(env.device)
+            repeats = [cfg] + [  # each repeat in a folder of its own
+                apply_overrides(cfg, [f"output_dir={cfg.output_dir}-run{k}"])
+                for k in range(2, (baseline_runs if index == 0 else 1) + 1)
+            ]
+            runs = [_run_row(name, each, env, steps, warmup, last) for each in repeats]
+            row = sorted(runs, key=lambda r: r["samples_per_s"])[(len(runs) - 1) // 2]
+            if len(runs) > 1:
+                row["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
+            results.append(row)
     finally:
         shutdown_distributed(env)
     base_rate = results[0]["samples_per_s"] if results else 0.0
@@ -149,6 +122,57 @@ def run_ladder(
     }
 
 
+def _run_row(name: str, cfg: TrainConfig, env, steps: int, warmup: int, last: bool) -> dict[str, Any]:
+    """Train one row; with `last`, three more steps recorded by the profiler after the measured ones."""
+    from ._build import build_parts
+    from ._run import share_cpu_cores
+    from ._trainer import Trainer
+
+    if last:
+        cfg = apply_overrides(cfg, [f"steps={warmup + steps + 3}"])
+    log.info("ablation row: %s", name)
+    started = time.perf_counter()
+    if env.device.type == "cpu":
+        share_cpu_cores(cfg)
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+    parts = build_parts(cfg, env)
+    trainer = Trainer(cfg, parts, env)
+    kernels = None
+    if last:
+        from ._profile import profile_steps
+
+        kernels = profile_steps(trainer, skip=warmup + steps, active=3)
+    if kernels is None:
+        summary = trainer.fit()
+    else:  # the throughput of the measured steps only, not of the profiled ones after them
+        from ._components.metrics import read_history
+        from ._metrics import summarize
+
+        history = read_history(Path(cfg.output_dir) / "metrics.jsonl")[: warmup + steps]
+        summary = summarize(history, warmup, trainer.throughput)
+    row = {
+        "row": name,
+        "switches": dataclasses.asdict(cfg.optimizations),
+        "samples_per_s": summary.samples_per_s,
+        "tokens_per_s": summary.tokens_per_s,
+        "mfu": summary.mfu,
+        "step_time_ms": 1000 * summary.step_time_s,
+        "breakdown_ms": {k: 1000 * v for k, v in summary.breakdown_s.items()},
+        "optimizer_overlapped_ms": 1000 * summary.optimizer_overlapped_s,
+        "first_loss": summary.first_loss,
+        "final_loss": summary.final_loss,
+        **trainer.run_facts(),
+        "row_wall_s": time.perf_counter() - started,
+        **({"kernel_families_ms": kernels} if kernels is not None else {}),
+    }
+    if hasattr(parts.model, "uncompile_blocks"):
+        parts.model.uncompile_blocks()  # compiled forwards hold their blocks: let the model go
+    del trainer, parts
+    _free_device_memory(env.device)
+    return row
+
+
 def _free_device_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -163,12 +187,14 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [header, "-" * len(header)]
     for r in result["rows"]:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        runs = r.get("samples_per_s_runs")
         memory = "n/a" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.1f}"
         optim = r["breakdown_ms"]["optimizer"] or r.get("optimizer_overlapped_ms", 0.0)
         lines.append(
             f"{r['row']:<26}{r['samples_per_s']:>10.1f}{mfu:>7}{r['step_time_ms']:>9.1f}"
             f"{r['breakdown_ms']['data_wait']:>10.1f}{optim:>7.1f}{r['first_step_s'] or 0:>8.1f}{memory:>8}"
             f"{r['final_loss']:>8.4f}{r['speedup']:>7.2f}x"
+            + (f"  (median of {len(runs)} runs: {', '.join(f'{v:.1f}' for v in runs)})" if runs else "")
         )
     if result["rows"] and result["rows"][-1].get("peak_tflops"):
         lines.append(

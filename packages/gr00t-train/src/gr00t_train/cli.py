@@ -93,7 +93,11 @@ def _bench(args: argparse.Namespace) -> int:
     if not cfg.data.dataset:
         raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH")
     rows = [int(r) for r in args.rows.split(",")] if args.rows else None
-    result = run_ladder(cfg, steps=args.steps, warmup=args.warmup, rows=rows)
+    if args.baseline_runs < 1:
+        raise ConfigError("--baseline-runs", f"must be >= 1, got {args.baseline_runs}")
+    result = run_ladder(
+        cfg, steps=args.steps, warmup=args.warmup, rows=rows, baseline_runs=args.baseline_runs
+    )
     print(format_table(result))
     if args.json:
         write_json(result, args.json)
@@ -171,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, default=20, help="measured steps per row")
     bench.add_argument("--warmup", type=int, default=6, help="steps per row before measuring (capture etc.)")
     bench.add_argument("--rows", help="comma-separated row indices to run (default: all)")
+    bench.add_argument("--baseline-runs", type=int, default=1,
+                       help="run the first row this many times and report the median (it is host-bound)")  # fmt: skip
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.set_defaults(run=_bench)
 

@@ -1,0 +1,37 @@
+"""`gr00t-train bench` on the CPU with the tiny model: the baseline row runs `--baseline-runs` times, in
+folders of its own, and the run of median samples/s is the one the speedups divide by (the baseline is
+host-bound: its throughput varies between runs far more than the graphed rows')."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from gr00t_train.cli import main
+
+
+@pytest.mark.timeout(600)
+def test_the_baseline_row_runs_several_times_and_its_median_counts(dataset, tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--preset", "libero", "--steps", "2", "--warmup", "1", "--rows", "0,1",
+            "--baseline-runs", "3", "--json", str(out)]  # fmt: skip
+    for item in (f"data.dataset={dataset}", "model.preset=tiny", "device=cpu", "data.batch_size=2",
+                 "data.num_workers=1", f"output_dir={tmp_path / 'rows'}", "logging.progress=false"):  # fmt: skip
+        argv += ["--set", item]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row"] for r in rows] == ["baseline (LeRobot-style)", "+ vla-io pipeline"]
+    runs = rows[0]["samples_per_s_runs"]
+    assert len(runs) == 3 and rows[0]["samples_per_s"] == statistics.median(runs)
+    assert "samples_per_s_runs" not in rows[1]
+    assert rows[1]["speedup"] == pytest.approx(rows[1]["samples_per_s"] / statistics.median(runs))
+    assert {p.name for p in (tmp_path / "rows").iterdir()} >= {"row0", "row0-run2", "row0-run3", "row1"}
+    assert "median of 3 runs" in capsys.readouterr().out
+
+
+def test_baseline_runs_must_be_positive(dataset, tmp_path, capsys) -> None:
+    argv = ["bench", "--preset", "libero", "--baseline-runs", "0", "--set", f"data.dataset={dataset}",
+            "--set", f"output_dir={tmp_path}"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--baseline-runs: must be >= 1, got 0" in capsys.readouterr().err
