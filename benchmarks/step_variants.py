@@ -39,7 +39,7 @@ ROWS = {
         "optimizations.optimizer_overlap=true",
         "optimizations.flat_optimizer=off",
     ],
-    "ours-full": [*_BF16W, "optimizations.optimizer_overlap=true", "optimizations.flat_optimizer=on"],
+    "ours-full": [*_BF16W, "optimizations.optimizer_overlap=true", "optimizations.flat_optimizer=auto"],
 }
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
 PRIORITY = {"ours-full-high-priority": -1}
