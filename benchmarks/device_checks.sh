@@ -6,6 +6,7 @@
 #   all     both (default), tests first
 #   speed   our full step side by side with torch.compile(mode="reduce-overhead") on a fixed batch, then the
 #           200-step loss parity of the full stack against eager (benchmarks/step_variants.py; about 8 min)
+#   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py)
 #
 # Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
 #   mkdir -p .gpu/whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -32,6 +33,14 @@ if [ "$what" = ladder ] || [ "$what" = all ]; then
   (cd benchmarks && python3 train_ablation.py --dataset "$data" --steps 20 --warmup 6 --workers 12 \
     --json "$out/train_ablation_h200_$day.json") > "$out/ladder.log" 2>&1 || status=1
   tail -n 20 "$out/ladder.log"
+fi
+if [ "$what" = scaling ]; then
+  gpus=$(nvidia-smi --list-gpus | wc -l)
+  data=/tmp/libero
+  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
+  python3 benchmarks/train_scaling.py --dataset "$data" --nproc "1,$gpus" --out /tmp/train_scaling \
+    --json "$out/train_scaling_h200x${gpus}_$day.json" > "$out/scaling.log" 2>&1 || status=1
+  tail -n 8 "$out/scaling.log"
 fi
 if [ "$what" = speed ]; then
   python3 benchmarks/step_variants.py --rows ours-full,free-reduce-overhead,parity --steps 30 --warmup 5 \

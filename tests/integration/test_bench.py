@@ -35,3 +35,30 @@ def test_baseline_runs_must_be_positive(dataset, tmp_path, capsys) -> None:
             "--set", f"output_dir={tmp_path}"]  # fmt: skip
     assert main(argv) == 2
     assert "--baseline-runs: must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(600)
+def test_train_scaling_runs_one_command_per_world_size(dataset, tmp_path, monkeypatch) -> None:
+    """benchmarks/train_scaling.py on the CPU (gloo) at world sizes 1 and 2: a row per world size from the
+    runs' own summaries, scaling and exposed communication relative to the first row."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "train_scaling.py"
+    spec = importlib.util.spec_from_file_location("train_scaling", path)
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    out = tmp_path / "scaling.json"
+    argv = ["--dataset", str(dataset), "--nproc", "1,2", "--steps", "2", "--warmup", "1", "--workers", "1",
+            "--out", str(tmp_path / "runs"), "--json", str(out), "--set", "device=cpu",
+            "--set", "model.preset=tiny", "--set", "data.batch_size=2"]  # fmt: skip
+    assert scaling.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["world_size"] for r in rows] == [1, 2]
+    first, second = rows
+    assert "scaling" not in first and second["scaling"] == pytest.approx(
+        second["samples_per_s"] / first["samples_per_s"]
+    )
+    assert second["exposed_comm_ms"] == pytest.approx(second["step_ms"] - first["step_ms"])
+    assert second["samples_per_s_per_gpu"] == pytest.approx(second["samples_per_s"] / 2)
+    assert all(r["samples_per_s"] > 0 and r["optimizer_ms"] > 0 for r in rows)

@@ -1,0 +1,132 @@
+"""Data-parallel scaling of the full training stack: one `gr00t-train train` command (the libero preset: every
+optimization on) run through torchrun at each world size, back to back on one machine.
+
+Each row: world size, samples/s (all GPUs) and per GPU, scaling over the first row, step ms, exposed
+communication ms (the step minus the first row's step: every GPU does the same work at every world size, so
+the difference is communication the step waits for), optimizer ms (in the step, or on its side stream with
+optimizations.optimizer_overlap), MFU, peak memory of rank 0 and the loss of the last steps.
+
+    python -m vla_io synth /tmp/libero --preset libero --episodes 6
+    python benchmarks/train_scaling.py --dataset /tmp/libero --nproc 1,2 \\
+        --json benchmarks/results/train_scaling_h200x2_<date>.json
+    python benchmarks/train_scaling.py --dataset D --nproc 1,2 --steps 2 --warmup 1 \\
+        --set device=cpu --set model.preset=tiny --set data.batch_size=2   # a CPU smoke run (gloo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", type=Path, required=True, help="a LeRobot dataset")
+    p.add_argument("--nproc", default="1,2", help="comma-separated world sizes, run in this order")
+    p.add_argument("--steps", type=int, default=30, help="measured steps per row")
+    p.add_argument("--warmup", type=int, default=6, help="steps before measuring (compile, capture)")
+    p.add_argument("--workers", type=int, default=6, help="decoding workers per rank")
+    p.add_argument("--out", type=Path, default=Path("runs/train_scaling"), help="the rows' run folders")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    return p.parse_args(argv)
+
+
+def command(args: argparse.Namespace, nproc: int) -> list[str]:
+    """The torchrun command of one row (world size 1 too: the same launcher and code path)."""
+    sets = [
+        f"data.dataset={args.dataset}",
+        f"data.num_workers={args.workers}",
+        f"steps={args.warmup + args.steps}",
+        f"logging.summary_skip={args.warmup}",
+        "logging.progress=false",
+        "logging.plots=false",
+        "logging.tensorboard=false",
+        "checkpoint.save_final=false",
+        "checkpoint.every=0",
+        "checkpoint.existing_run=overwrite",
+        "optim.warmup_ratio=0",
+        f"output_dir={args.out / f'ws{nproc}'}",
+        *args.overrides,
+    ]
+    out = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "gr00t_train", "train", "--preset", "libero"]  # fmt: skip
+    for item in sets:
+        out += ["--set", item]
+    return out
+
+
+def row(summary: dict, first: dict | None) -> dict:
+    """One row of the table from a run's summary.json (`first`: the first row's, for scaling)."""
+    step_ms = 1000 * summary["step_time_s"]
+    optimizer_ms = 1000 * (summary["breakdown_s"].get("optimizer", 0.0) or summary["optimizer_overlapped_s"])
+    out = {
+        "world_size": summary["world_size"],
+        "samples_per_s": summary["samples_per_s"],
+        "samples_per_s_per_gpu": summary["samples_per_s"] / summary["world_size"],
+        "step_ms": step_ms,
+        "breakdown_ms": {k: 1000 * v for k, v in summary["breakdown_s"].items()},
+        "optimizer_ms": optimizer_ms,
+        "optimizer_on_side_stream": not summary["breakdown_s"].get("optimizer"),
+        "mfu": summary["mfu"],
+        "peak_tflops": summary.get("peak_tflops"),
+        "peak_memory_gib": summary.get("peak_memory_gib"),
+        "final_loss": summary["final_loss"],
+    }
+    if first is not None:
+        out["scaling"] = summary["samples_per_s"] / first["samples_per_s"]
+        out["exposed_comm_ms"] = step_ms - 1000 * first["step_time_s"]
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'GPUs':>4}{'samples/s':>11}{'per GPU':>9}{'scaling':>9}{'step ms':>9}{'exposed comm':>14}"
+            f"{'optimizer':>11}{'MFU':>7}{'mem GiB':>9}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        mem = "n/a" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}"
+        side = " side" if r["optimizer_on_side_stream"] else ""
+        lines.append(
+            f"{r['world_size']:>4}{r['samples_per_s']:>11.1f}{r['samples_per_s_per_gpu']:>9.1f}"
+            f"{r.get('scaling', 1.0):>8.2f}x{r['step_ms']:>9.1f}{r.get('exposed_comm_ms', 0.0):>14.1f}"
+            f"{r['optimizer_ms']:>6.1f}{side:<5}{mfu:>7}{mem:>9}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    sizes = [int(n) for n in args.nproc.split(",")]
+    rows, first = [], None
+    for nproc in sizes:
+        started = time.perf_counter()
+        cmd = command(args, nproc)
+        print(f"world size {nproc}: {' '.join(cmd)}", flush=True)
+        done = subprocess.run(cmd, env=os.environ.copy())
+        if done.returncode != 0:
+            print(f"world size {nproc} failed (exit {done.returncode})", file=sys.stderr)
+            return done.returncode
+        summary = json.loads((args.out / f"ws{nproc}" / "summary.json").read_text())
+        rows.append(row(summary, first) | {"wall_s": time.perf_counter() - started})
+        first = first or summary
+    print(table(rows))
+    if args.json:
+        report = {
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "command": command(args, sizes[0])[5:],
+            "rows": rows,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
