@@ -6,7 +6,8 @@
 #   all     both (default), tests first
 #   speed   our full step side by side with torch.compile(mode="reduce-overhead") on a fixed batch, then the
 #           200-step loss parity of the full stack against eager (benchmarks/step_variants.py; about 8 min)
-#   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py)
+#   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py),
+#           then 300 steps with fp32 and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
 #
 # Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
 #   mkdir -p .gpu/whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -41,6 +42,9 @@ if [ "$what" = scaling ]; then
   python3 benchmarks/train_scaling.py --dataset "$data" --nproc "1,$gpus" --out /tmp/train_scaling \
     --json "$out/train_scaling_h200x${gpus}_$day.json" > "$out/scaling.log" 2>&1 || status=1
   tail -n 8 "$out/scaling.log"
+  python3 benchmarks/grad_reduce_parity.py --dataset "$data" --nproc "$gpus" --steps 300 --out /tmp/parity \
+    --json "$out/grad_reduce_parity_h200x${gpus}_$day.json" > "$out/parity.log" 2>&1 || status=1
+  tail -n 6 "$out/parity.log"
 fi
 if [ "$what" = speed ]; then
   python3 benchmarks/step_variants.py --rows ours-full,free-reduce-overhead,parity --steps 30 --warmup 5 \

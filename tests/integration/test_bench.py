@@ -1,6 +1,7 @@
-"""`gr00t-train bench` on the CPU with the tiny model: the baseline row runs `--baseline-runs` times, in
-folders of its own, and the run of median samples/s is the one the speedups divide by (the baseline is
-host-bound: its throughput varies between runs far more than the graphed rows')."""
+"""The benchmark commands on the CPU with the tiny model, so a GPU session does not find them broken:
+`gr00t-train bench` (the baseline row runs `--baseline-runs` times, in folders of its own, and the run of
+median samples/s is the one the speedups divide by: the baseline is host-bound and varies between runs far
+more than the graphed rows), benchmarks/train_scaling.py and benchmarks/grad_reduce_parity.py (gloo)."""
 
 from __future__ import annotations
 
@@ -41,18 +42,11 @@ def test_baseline_runs_must_be_positive(dataset, tmp_path, capsys) -> None:
 def test_train_scaling_runs_one_command_per_world_size(dataset, tmp_path, monkeypatch) -> None:
     """benchmarks/train_scaling.py on the CPU (gloo) at world sizes 1 and 2: a row per world size from the
     runs' own summaries, scaling and exposed communication relative to the first row."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / "train_scaling.py"
-    spec = importlib.util.spec_from_file_location("train_scaling", path)
-    scaling = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scaling)
     out = tmp_path / "scaling.json"
     argv = ["--dataset", str(dataset), "--nproc", "1,2", "--steps", "2", "--warmup", "1", "--workers", "1",
             "--out", str(tmp_path / "runs"), "--json", str(out), "--set", "device=cpu",
             "--set", "model.preset=tiny", "--set", "data.batch_size=2"]  # fmt: skip
-    assert scaling.main(argv) == 0
+    assert _load("train_scaling").main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["world_size"] for r in rows] == [1, 2]
     first, second = rows
@@ -62,3 +56,29 @@ def test_train_scaling_runs_one_command_per_world_size(dataset, tmp_path, monkey
     assert second["exposed_comm_ms"] == pytest.approx(second["step_ms"] - first["step_ms"])
     assert second["samples_per_s_per_gpu"] == pytest.approx(second["samples_per_s"] / 2)
     assert all(r["samples_per_s"] > 0 and r["optimizer_ms"] > 0 for r in rows)
+
+
+def _load(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(600)
+def test_grad_reduce_parity_compares_bf16_with_two_fp32_runs(dataset, tmp_path) -> None:
+    """benchmarks/grad_reduce_parity.py on the CPU at 2 ranks: two fp32 runs agree exactly (CPU kernels are
+    deterministic in a run), the bf16 reduction changes the losses after the first update, a little."""
+    out = tmp_path / "parity.json"
+    argv = ["--dataset", str(dataset), "--nproc", "2", "--steps", "3", "--workers", "1",
+            "--out", str(tmp_path / "runs"), "--json", str(out), "--set", "device=cpu",
+            "--set", "model.preset=tiny", "--set", "data.batch_size=2"]  # fmt: skip
+    assert _load("grad_reduce_parity").main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["fp32_vs_fp32"]["steps"] == 3 and report["fp32_vs_fp32"]["max_rel_diff"] == 0.0
+    assert 0.0 < report["bf16_vs_fp32"]["max_rel_diff"] < 1e-2
+    assert [run["grad_reduce_dtype"] for run in report["runs"].values()] == ["float32", "float32", "bfloat16"]

@@ -1,0 +1,113 @@
+"""Loss parity of bf16 gradient reduction (`optimizations.grad_reduce_dtype=bfloat16`) with the fp32 one, with
+the drift between two identical fp32 runs beside it as the yardstick (on a GPU two runs of one command already
+differ: atomics in some backward kernels add in a varying order).
+
+Three runs of the same `gr00t-train train` command (libero preset) through torchrun at one world size: fp32,
+fp32 again, bf16. Reported: per-step relative loss differences (largest, mean, mean over the last 50 steps) of
+"fp32 vs fp32" and "bf16 vs fp32", and each run's step time, exposed communication in it (`comm` of the step
+breakdown: the part of the reduction the step waits for outside the graphs; inside them it is in `compute`,
+and benchmarks/train_scaling.py's step difference to world size 1 measures it) and samples/s.
+
+    python benchmarks/grad_reduce_parity.py --dataset /tmp/libero --nproc 2 --steps 300 \\
+        --json benchmarks/results/grad_reduce_parity_h200x2_<date>.json
+    python benchmarks/grad_reduce_parity.py --dataset D --nproc 2 --steps 4 --set device=cpu \\
+        --set model.preset=tiny --set data.batch_size=2      # a CPU smoke run (gloo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNS = (("fp32", "float32"), ("fp32-again", "float32"), ("bf16", "bfloat16"))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", type=Path, required=True, help="a LeRobot dataset")
+    p.add_argument("--nproc", type=int, default=2, help="world size (torchrun processes)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
+    p.add_argument("--workers", type=int, default=6, help="decoding workers per rank")
+    p.add_argument("--out", type=Path, default=Path("runs/grad_reduce_parity"), help="the runs' folders")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here")
+    return p.parse_args(argv)
+
+
+def command(args: argparse.Namespace, name: str, dtype: str) -> list[str]:
+    sets = [f"data.dataset={args.dataset}", f"data.num_workers={args.workers}", f"steps={args.steps}",
+            f"optimizations.grad_reduce_dtype={dtype}", "logging.progress=false", "logging.plots=false",
+            "logging.tensorboard=false", "checkpoint.save_final=false", "checkpoint.every=0",
+            "checkpoint.existing_run=overwrite", f"output_dir={args.out / name}", *args.overrides]  # fmt: skip
+    out = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "gr00t_train", "train", "--preset", "libero"]  # fmt: skip
+    for item in sets:
+        out += ["--set", item]
+    return out
+
+
+def losses(run: Path) -> dict[int, float]:
+    """{step: loss} of a run's metrics.jsonl (the last write of a step wins)."""
+    out = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        out[int(record["step"])] = float(record["loss"])
+    return out
+
+
+def gaps(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
+    """Relative per-step loss differences of two runs over their common steps."""
+    steps = sorted(set(a) & set(b))
+    rel = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-12) for s in steps]
+    return {"steps": len(rel), "max_rel_diff": max(rel), "mean_rel_diff": statistics.fmean(rel),
+            "mean_rel_diff_last_50": statistics.fmean(rel[-50:])}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    runs = {}
+    for name, dtype in RUNS:
+        cmd = command(args, name, dtype)
+        print(f"{name}: {' '.join(cmd)}", flush=True)
+        done = subprocess.run(cmd, env=os.environ.copy())
+        if done.returncode != 0:
+            print(f"{name} failed (exit {done.returncode})", file=sys.stderr)
+            return done.returncode
+        summary = json.loads((args.out / name / "summary.json").read_text())
+        runs[name] = {
+            "grad_reduce_dtype": dtype,
+            "samples_per_s": summary["samples_per_s"],
+            "step_ms": 1000 * summary["step_time_s"],
+            "comm_ms": 1000 * summary["breakdown_s"].get("comm", 0.0),
+            "final_loss": summary["final_loss"],
+            "losses": losses(args.out / name),
+        }
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "world_size": args.nproc,
+        "fp32_vs_fp32": gaps(runs["fp32"]["losses"], runs["fp32-again"]["losses"]),
+        "bf16_vs_fp32": gaps(runs["fp32"]["losses"], runs["bf16"]["losses"]),
+        "runs": runs,
+    }
+    for key in ("fp32_vs_fp32", "bf16_vs_fp32"):
+        g = report[key]
+        print(f"{key}: {g['steps']} steps, largest relative loss difference {g['max_rel_diff']:.2e}, "
+              f"mean {g['mean_rel_diff']:.2e} (last 50: {g['mean_rel_diff_last_50']:.2e})")  # fmt: skip
+    for name, run in runs.items():
+        print(f"{name}: {run['samples_per_s']:.1f} samples/s, step {run['step_ms']:.1f} ms, "
+              f"exposed comm {run['comm_ms']:.1f} ms")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
