@@ -355,3 +355,16 @@ def test_tensorboard_scalars_when_installed(tmp_path, env, standins, monkeypatch
     Trainer(standins.small_config(tmp_path, steps=2), standins.make_parts(), env).fit()
     assert ("train/loss", 1) in written and ("train/samples_per_s", 2) in written
     assert written[-1] == ("closed", None)
+
+
+@pytest.mark.parametrize("steps,window", [(1, 1), (4, 2), (19, 9), (20, 10), (50, 10)])
+def test_first_and_final_loss_are_halves_of_a_short_run(steps: int, window: int) -> None:
+    # A 4-step run once printed "loss 1.3360 -> 1.3360": both means covered all 4 steps.
+    from gr00t_train._metrics import Throughput, summarize
+
+    throughput = Throughput(samples_per_step=2)
+    records = [throughput.record(s, float(s), 1e-4, None, {"step": 0.1, "data_wait": 0.0, "h2d": 0.0,
+               "compute": 0.1, "comm": 0.0, "optimizer": 0.0, "optimizer_overlapped": 0.0}) for s in range(1, steps + 1)]  # fmt: skip
+    summary = summarize(records, 0, throughput)
+    assert summary.first_loss == sum(range(1, window + 1)) / window
+    assert summary.final_loss == sum(range(steps - window + 1, steps + 1)) / window

@@ -79,9 +79,9 @@ class RunSummary:
     steps: int
     measured_steps: int
     first_loss: float
-    """Mean loss of the first 10 steps."""
+    """Mean loss of the first 10 steps (of the first half in a run of fewer than 20)."""
     final_loss: float
-    """Mean loss of the last 10 steps."""
+    """Mean loss of the last 10 steps (of the last half in a run of fewer than 20)."""
     samples_per_s: float
     tokens_per_s: float | None
     mfu: float | None
@@ -126,6 +126,7 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
         raise ValueError("no steps were recorded")
     measured = records[skip:] if len(records) > skip else records
     n = len(measured)
+    window = max(1, min(10, len(records) // 2))  # short runs: halves, so first and final never coincide
     step_time = sum(r.step_time_s for r in measured) / n
     rates = throughput.record(0, 0.0, 0.0, None, {"step": step_time, **dict.fromkeys(PHASES, 0.0)})
     in_step = [name for name in PHASES if name not in ("h2d", "optimizer_overlapped")]
@@ -134,8 +135,8 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
     return RunSummary(
         steps=records[-1].step,
         measured_steps=n,
-        first_loss=_mean([r.loss for r in records[:10]]),
-        final_loss=_mean([r.loss for r in records[-10:]]),
+        first_loss=_mean([r.loss for r in records[:window]]),
+        final_loss=_mean([r.loss for r in records[-window:]]),
         samples_per_s=rates.samples_per_s,
         tokens_per_s=rates.tokens_per_s,
         mfu=rates.mfu,
