@@ -17,13 +17,13 @@ and benchmarks/train_scaling.py's step difference to world size 1 measures it) a
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _train_runs import train, write_report
+from gr00t_train._components.metrics import read_history
 
 RUNS = (("fp32", "float32"), ("fp32-again", "float32"), ("bf16", "bfloat16"))
 
@@ -40,25 +40,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def command(args: argparse.Namespace, name: str, dtype: str) -> list[str]:
-    sets = [f"data.dataset={args.dataset}", f"data.num_workers={args.workers}", f"steps={args.steps}",
-            f"optimizations.grad_reduce_dtype={dtype}", "logging.progress=false", "logging.plots=false",
-            "logging.tensorboard=false", "checkpoint.save_final=false", "checkpoint.every=0",
-            "checkpoint.existing_run=overwrite", f"output_dir={args.out / name}", *args.overrides]  # fmt: skip
-    out = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "gr00t_train", "train", "--preset", "libero"]  # fmt: skip
-    for item in sets:
-        out += ["--set", item]
-    return out
+def settings(args: argparse.Namespace, dtype: str) -> list[str]:
+    return [f"data.dataset={args.dataset}", f"data.num_workers={args.workers}", f"steps={args.steps}",
+            f"optimizations.grad_reduce_dtype={dtype}", *args.overrides]  # fmt: skip
 
 
 def losses(run: Path) -> dict[int, float]:
-    """{step: loss} of a run's metrics.jsonl (the last write of a step wins)."""
-    out = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        out[int(record["step"])] = float(record["loss"])
-    return out
+    """{step: loss} of a run's metrics.jsonl."""
+    return {record.step: record.loss for record in read_history(run / "metrics.jsonl")}
 
 
 def gaps(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
@@ -73,13 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     runs = {}
     for name, dtype in RUNS:
-        cmd = command(args, name, dtype)
-        print(f"{name}: {' '.join(cmd)}", flush=True)
-        done = subprocess.run(cmd, env=os.environ.copy())
-        if done.returncode != 0:
-            print(f"{name} failed (exit {done.returncode})", file=sys.stderr)
-            return done.returncode
-        summary = json.loads((args.out / name / "summary.json").read_text())
+        summary = train(name, args.nproc, settings(args, dtype), args.out / name)
+        if summary is None:
+            return 1
         runs[name] = {
             "grad_reduce_dtype": dtype,
             "samples_per_s": summary["samples_per_s"],
@@ -102,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in runs.items():
         print(f"{name}: {run['samples_per_s']:.1f} samples/s, step {run['step_ms']:.1f} ms, "
               f"exposed comm {run['comm_ms']:.1f} ms")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_report(args.json, report)
     return 0
 
 

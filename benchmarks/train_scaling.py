@@ -16,12 +16,11 @@ optimizations.optimizer_overlap), MFU, peak memory of rank 0 and the loss of the
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _train_runs import train, write_report
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,28 +36,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def command(args: argparse.Namespace, nproc: int) -> list[str]:
-    """The torchrun command of one row (world size 1 too: the same launcher and code path)."""
-    sets = [
-        f"data.dataset={args.dataset}",
-        f"data.num_workers={args.workers}",
-        f"steps={args.warmup + args.steps}",
-        f"logging.summary_skip={args.warmup}",
-        "logging.progress=false",
-        "logging.plots=false",
-        "logging.tensorboard=false",
-        "checkpoint.save_final=false",
-        "checkpoint.every=0",
-        "checkpoint.existing_run=overwrite",
-        "optim.warmup_ratio=0",
-        f"output_dir={args.out / f'ws{nproc}'}",
-        *args.overrides,
-    ]
-    out = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "gr00t_train", "train", "--preset", "libero"]  # fmt: skip
-    for item in sets:
-        out += ["--set", item]
-    return out
+def settings(args: argparse.Namespace) -> list[str]:
+    """The `--set`s of every row (the output folder comes per row)."""
+    return [f"data.dataset={args.dataset}", f"data.num_workers={args.workers}", f"steps={args.warmup + args.steps}",
+            f"logging.summary_skip={args.warmup}", "optim.warmup_ratio=0", *args.overrides]  # fmt: skip
 
 
 def row(summary: dict, first: dict | None) -> dict:
@@ -106,25 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     rows, first = [], None
     for nproc in sizes:
         started = time.perf_counter()
-        cmd = command(args, nproc)
-        print(f"world size {nproc}: {' '.join(cmd)}", flush=True)
-        done = subprocess.run(cmd, env=os.environ.copy())
-        if done.returncode != 0:
-            print(f"world size {nproc} failed (exit {done.returncode})", file=sys.stderr)
-            return done.returncode
-        summary = json.loads((args.out / f"ws{nproc}" / "summary.json").read_text())
+        summary = train(f"world size {nproc}", nproc, settings(args), args.out / f"ws{nproc}")
+        if summary is None:
+            return 1
         rows.append(row(summary, first) | {"wall_s": time.perf_counter() - started})
         first = first or summary
     print(table(rows))
-    if args.json:
-        report = {
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "command": command(args, sizes[0])[5:],
-            "rows": rows,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "settings": settings(args), "rows": rows}
+    write_report(args.json, report)
     return 0
 
 

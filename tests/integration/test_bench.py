@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 
 import pytest
 from gr00t_train.cli import main
@@ -62,7 +63,10 @@ def _load(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[2] / "benchmarks" / f"{name}.py"
+    folder = Path(__file__).parents[2] / "benchmarks"
+    if str(folder) not in sys.path:  # the scripts import their shared helper (_train_runs) as a sibling
+        sys.path.insert(0, str(folder))
+    path = folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
