@@ -6,8 +6,12 @@
 #   all     both (default), tests first
 #   speed   our full step side by side with torch.compile(mode="reduce-overhead") on a fixed batch, then the
 #           200-step loss parity of the full stack against eager (benchmarks/step_variants.py; about 8 min)
-#   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py),
-#           then 300 steps with fp32 and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
+#   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py)
+#   parity  300 steps with fp32 (twice) and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
+#   zero1   the captured-sync check at every GPU (tests/integration/_graph_overlap_check.py), then how often ZeRO-1
+#           in graphs differs from eager over 15 repetitions (benchmarks/zero1_graph_probe.py; issue 16)
+#   multigpu the tests that need >= 2 GPUs (`pytest tests -m multigpu`)
+# Several may be given, run in that order: `bash benchmarks/device_checks.sh zero1 multigpu scaling`.
 #
 # Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
 #   mkdir -p .gpu/whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -19,29 +23,44 @@ cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
 out=${OUT:-/tmp/device_checks}
 mkdir -p "$out"
-what=${1:-all}
 day=$(date -u +%F)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt"
 status=0
+gpus=$(nvidia-smi --list-gpus | wc -l)
+libero() {
+  data=/tmp/libero
+  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
+}
+for what in "${@:-all}"; do
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest tests -m gpu -q -p no:cacheprovider > "$out/pytest_gpu.txt" 2>&1 || status=1
   tail -n 25 "$out/pytest_gpu.txt"
 fi
 if [ "$what" = ladder ] || [ "$what" = all ]; then
-  data=/tmp/libero
-  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
+  libero
   (cd benchmarks && python3 train_ablation.py --dataset "$data" --steps 20 --warmup 6 --workers 12 \
     --json "$out/train_ablation_h200_$day.json") > "$out/ladder.log" 2>&1 || status=1
   tail -n 20 "$out/ladder.log"
 fi
+if [ "$what" = zero1 ]; then
+  python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" tests/integration/_graph_overlap_check.py cuda \
+    2>&1 | grep "vs eager\|OK" || status=1
+  probe="python3 -m torch.distributed.run --standalone --nproc-per-node $gpus benchmarks/zero1_graph_probe.py --reps 15"
+  for flags in "" "--all-reduce"; do $probe $flags 2>&1 | grep "differ\|Error" || status=1; done
+fi
+if [ "$what" = multigpu ]; then
+  python3 -m pytest tests -m multigpu -q -p no:cacheprovider > "$out/pytest_multigpu.txt" 2>&1 || status=1
+  tail -n 5 "$out/pytest_multigpu.txt"
+fi
 if [ "$what" = scaling ]; then
-  gpus=$(nvidia-smi --list-gpus | wc -l)
-  data=/tmp/libero
-  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
+  libero
   python3 benchmarks/train_scaling.py --dataset "$data" --nproc "1,$gpus" --out /tmp/train_scaling \
     --json "$out/train_scaling_h200x${gpus}_$day.json" > "$out/scaling.log" 2>&1 || status=1
   tail -n 8 "$out/scaling.log"
+fi
+if [ "$what" = parity ]; then
+  libero
   python3 benchmarks/grad_reduce_parity.py --dataset "$data" --nproc "$gpus" --steps 300 --out /tmp/parity \
     --json "$out/grad_reduce_parity_h200x${gpus}_$day.json" > "$out/parity.log" 2>&1 || status=1
   tail -n 6 "$out/parity.log"
@@ -51,4 +70,5 @@ if [ "$what" = speed ]; then
     --json "$out/step_variants_h200_$day.json" > "$out/step_variants.log" 2>&1 || status=1
   tail -n 20 "$out/step_variants.log"
 fi
+done
 exit $status

@@ -1,11 +1,14 @@
-"""vla_graph + vla_overlap: CUDA graphs whose last microbatch launches the bucket collectives from backward and
-holds the sync (GraphConfig.sync_in_graph, OverlapDataParallel.launch_in_backward) train exactly like the
-eager overlap loop. Run one process per device:
+"""vla_graph + vla_overlap: CUDA graphs that hold the gradient sync (GraphConfig.sync_in_graph) train exactly
+like the eager overlap loop, for plain overlap and ZeRO-1, in both graph modes, whether the last microbatch's
+backward launches the bucket collectives (launch_in_backward) or start() launches them all after it. Run one
+process per device:
 
     torchrun --standalone --nproc-per-node N tests/integration/_graph_overlap_check.py [cpu|cuda]
 
-Prints one line per compared run and exits non-zero on the first difference. On CPU the graph modes run
-emulated (vla_graph's eager stand-in for capture and replay), which still checks the bookkeeping.
+Prints one line per compared run (with where the first step's reduced gradients differ, if they do) and exits
+non-zero if any differs. On CPU the graph modes run emulated (vla_graph's eager stand-in for capture and
+replay), which still checks the bookkeeping. benchmarks/zero1_graph_probe.py repeats its ZeRO-1 runs to count
+how often they differ (issue 16) and switches the knobs below.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ from torch import nn  # noqa: E402
 
 MICRO = 2
 STEPS = 4
+LAUNCHES = ("backward", "start")
+"""Who launches the captured collectives: the last backward's hooks, or start() after that backward."""
+SYNC_AFTER_STEP = False
+"""Probe knob: wait for the device after every iteration."""
+OPTIMIZER_ON_CAPTURE_STREAM = True
+"""Probe knob: False builds DistributedAdamW (its parameter buffers) on the default stream."""
+EXPOSE_BUFFERS_AS_GRADS = False
+"""Probe knob: under ZeRO-1, set each .grad to its gradient buffer view instead of the raising placeholder."""
 
 
 def _model(device: torch.device) -> nn.Module:
@@ -41,8 +52,33 @@ def _batches(step: int, rank: int, device: torch.device) -> list[dict]:
     ]
 
 
-def train(mode: str, comm: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(final parameters, losses) after STEPS steps of MICRO microbatches in graph `mode`."""
+class _StartAfterBackward:
+    """A GradSync whose last backward only accumulates, so that start() launches every collective."""
+
+    def __init__(self, sync: object) -> None:
+        self._sync = sync
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sync, name)
+
+    def launch_in_backward(self) -> contextlib.AbstractContextManager:
+        return self._sync.no_sync()
+
+
+def _reduced_grads(wrapped: vla_overlap.OverlapDataParallel, sharded: bool) -> torch.Tensor:
+    """This rank's reduced gradients: its shard of every bucket (ZeRO-1) or every bucket."""
+    grads = wrapped._grads
+    views = [
+        grads.shard_view(b) if sharded else grads.bucket_view(b) for b in range(len(wrapped.layout.buckets))
+    ]
+    return torch.cat([v.detach().float().clone() for v in views])
+
+
+def train(
+    mode: str, comm: str, device: torch.device, launch: str = "backward"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final parameters, losses, first step's reduced gradients) after STEPS steps of MICRO microbatches in
+    graph `mode`."""
     model = _model(device)
     graphs = mode != "eager"
     stream = vla_graph.capture_stream(device) if graphs else contextlib.nullcontext()
@@ -50,8 +86,11 @@ def train(mode: str, comm: str, device: torch.device) -> tuple[torch.Tensor, tor
         config = vla_overlap.OverlapConfig(bucket_elements=20_000, overlap_param_gather=False)
         wrapped = vla_overlap.OverlapDataParallel(model, config)
         params = list(model.parameters())
+    with stream if OPTIMIZER_ON_CAPTURE_STREAM else contextlib.nullcontext():
         if comm == "zero1_overlap":
             optimizer = vla_overlap.DistributedAdamW(wrapped, params, lr=1e-3)
+            if EXPOSE_BUFFERS_AS_GRADS:
+                wrapped._placeholders = list(wrapped._grads.main_grads)
         else:
             optimizer = torch.optim.AdamW(params, lr=1e-3)
 
@@ -65,18 +104,34 @@ def train(mode: str, comm: str, device: torch.device) -> tuple[torch.Tensor, tor
         microbatch,
         params=list(model.named_parameters()),
         config=vla_graph.GraphConfig(mode=mode, sync_in_graph=True),
-        grad_sync=wrapped.grad_sync,
+        grad_sync=wrapped.grad_sync if launch == "backward" else _StartAfterBackward(wrapped.grad_sync),
     )
     losses = []
     for s in range(STEPS):
         losses += step(_batches(s, dist.get_rank(), device))
+        if SYNC_AFTER_STEP and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if s == 0:
+            first_grads = _reduced_grads(wrapped, comm == "zero1_overlap")
         wrapped.clip_grad_norm_(1.0)  # the sharded optimizer's clip under ZeRO-1
         optimizer.step()
     wrapped.finish_param_sync()
     if graphs and device.type == "cuda":
         assert step.report.backend == "cuda_graph" and step.report.replays == STEPS, step.report
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    return flat, torch.stack(losses)
+    return flat, torch.stack(losses), first_grads
+
+
+def _where(grads: torch.Tensor, ref: torch.Tensor) -> str:
+    """Where the first step's reduced gradients differ, for diagnosis."""
+    bad = (grads != ref).nonzero().flatten()
+    if bad.numel() == 0:
+        return "first-step gradients equal"
+    g, r = grads[bad], ref[bad]
+    zero = (g == 0).float().mean().item()
+    ratio = (g / r.where(r != 0, torch.ones_like(r))).median().item()
+    return (f"first-step gradients differ at {bad.numel()} of {grads.numel()} elements "
+            f"[{bad.min().item()}..{bad.max().item()}], {zero:.0%} zero, median ratio {ratio:.3g}")  # fmt: skip
 
 
 def main() -> None:
@@ -90,18 +145,20 @@ def main() -> None:
         dist.init_process_group("gloo")
     failed = False
     for comm in ("overlap", "zero1_overlap"):
-        ref_params, ref_losses = train("eager", comm, device)
-        # Known gap: ZeRO-1 with its sync captured in a full_iteration graph differs from eager at 2 GPUs (max
-        # 5.9e-3 after 4 steps, H200 x2, 2026-11-29; bitwise at 1 GPU); gr00t-train keeps that sync eager.
-        modes = ("per_microbatch", "full_iteration") if comm == "overlap" else ("per_microbatch",)
-        for mode in modes:
-            params, losses = train(mode, comm, device)
-            same = torch.equal(params, ref_params) and torch.equal(losses, ref_losses)
-            diff = (params - ref_params).abs().max().item()
-            if dist.get_rank() == 0:
-                verdict = "bitwise equal" if same else f"DIFFERENT (max {diff:.3e})"
-                print(f"{comm:>14} {mode:>15} vs eager: {verdict}", flush=True)
-            failed |= not same
+        ref_params, ref_losses, ref_grads = train("eager", comm, device)
+        for mode in ("per_microbatch", "full_iteration"):
+            for launch in LAUNCHES:
+                params, losses, grads = train(mode, comm, device, launch)
+                same = torch.equal(params, ref_params) and torch.equal(losses, ref_losses)
+                diff = (params - ref_params).abs().max().item()
+                verdict = (
+                    "bitwise equal" if same else f"DIFFERENT (max {diff:.3e}; {_where(grads, ref_grads)})"
+                )
+                # every rank reports a difference (the shards differ); rank 0 alone an agreement
+                if dist.get_rank() == 0 or not same:
+                    print(f"rank {dist.get_rank()} {comm:>14} {mode:>15} launched by {launch:>8} vs eager: {verdict}",
+                          flush=True)  # fmt: skip
+                failed |= not same
     rank = dist.get_rank()
     dist.destroy_process_group()
     if failed:

@@ -399,9 +399,15 @@ def launched_in_backward(ctx: Any, sharded: bool) -> dict[str, Any]:
                 out["states"].append((model._grads.all_launched, model._phase.value != "finished"))
                 model.finish_grad_sync()
             elif how == "reduced_elsewhere":
-                for data in model._grads.data:  # the buckets' collectives, issued by someone else
-                    data.mul_(1.0 / ctx.world_size)
-                    dist.all_reduce(data, group=model.process_group)
+                grads = model._grads  # the buckets' collectives, issued by someone else
+                for bucket in range(len(model.layout.buckets)):
+                    view = grads.bucket_view(bucket).mul_(1.0 / ctx.world_size)
+                    if sharded:  # into the shard buffer the optimizer reads
+                        dist.reduce_scatter_tensor(
+                            grads.shard_view(bucket), view.clone(), group=model.process_group
+                        )
+                    else:
+                        dist.all_reduce(view, group=model.process_group)
 
                 def refuse(*_: Any) -> None:
                     raise AssertionError("mark_grads_synced communicated")
@@ -815,18 +821,16 @@ def bf16_wire(ctx: Any, sharded: bool) -> dict[str, Any]:
     layout = model.layout
     ok = True
     for p, want in zip(params, expected):
-        got = p.main_grad
-        if sharded:  # only this rank's shard of each bucket is reduced
-            spec = layout.buckets[layout.slots[model._slot_of[id(p)]].bucket]
-            lo, hi = spec.shard_range(ctx.rank, ctx.world_size)
+        if sharded:  # only this rank's shard of each bucket is reduced, into the shard buffer
             where = layout.slots[model._slot_of[id(p)]]
+            lo, hi = layout.buckets[where.bucket].shard_range(ctx.rank, ctx.world_size)
             first, last = max(lo, where.start), min(hi, where.start + where.numel)
             if first >= last:
                 continue
-            window = slice(first - where.start, last - where.start)
-            ok &= torch.equal(got.reshape(-1)[window], want.reshape(-1)[window])
+            got = model._grads.shard_view(where.bucket)[first - lo : last - lo]
+            ok &= torch.equal(got, want.reshape(-1)[first - where.start : last - where.start])
         else:
-            ok &= torch.equal(got, want)
+            ok &= torch.equal(p.main_grad, want)
     return {"ok": bool(ok)}
 
 

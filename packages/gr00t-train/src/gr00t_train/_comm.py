@@ -41,23 +41,22 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
 
     When the mean gradient over ranks is ready, by `optimizations.comm` (rows) and `.graph` (columns):
 
-    | comm                     | eager                             | per_microbatch                     | full_iteration     |
-    |--------------------------|-----------------------------------|------------------------------------|--------------------|
-    | allreduce_after_backward | all buckets all-reduced when the  | all-reduced after the replays      | after the replay   |
-    |                          | last backward ends (the baseline) |                                    |                    |
-    | ddp                      | torch DDP's hooks, during the     | not allowed (hooks do not run at   | not allowed        |
-    |                          | last backward                     | replay; config error)              |                    |
-    | overlap                  | each bucket all-reduced from the  | sync_in_graph: launched bucket by  | after the replay   |
-    |                          | last backward's hooks as soon as  | bucket from the last microbatch's  |                    |
-    |                          | it is complete, waited at its end | backward, inside its graph, and    |                    |
-    |                          |                                   | waited at its end; else after the  |                    |
-    |                          |                                   | replays                            |                    |
-    | zero1_overlap            | as overlap, reduce-scatter; the   | as overlap, reduce-scatter;        | after the replay;  |
-    |                          | parameter all-gather is waited    | parameters gathered at the end of  | gathered in step() |
-    |                          | for by forward pre-hooks          | the optimizer step                 |                    |
+    | comm                     | eager                             | per_microbatch / full_iteration    |
+    |--------------------------|-----------------------------------|------------------------------------|
+    | allreduce_after_backward | all buckets all-reduced when the  | all-reduced after the replays      |
+    |                          | last backward ends (the baseline) |                                    |
+    | ddp                      | torch DDP's hooks, during the     | not allowed (hooks do not run at   |
+    |                          | last backward                     | replay; config error)              |
+    | overlap                  | each bucket all-reduced from the  | sync_in_graph: launched bucket by  |
+    |                          | last backward's hooks as soon as  | bucket from the last microbatch's  |
+    |                          | it is complete, waited at its end | backward, inside the graph that    |
+    |                          |                                   | holds it, and waited at its end;   |
+    |                          |                                   | else after the replays             |
+    | zero1_overlap            | as overlap, reduce-scatter; the   | as overlap, reduce-scatter;        |
+    |                          | parameter all-gather is waited    | parameters gathered at the end of  |
+    |                          | for by forward pre-hooks          | the optimizer step                 |
 
-    Every microbatch but the last only accumulates (no_sync). full_iteration keeps the sync out of the graph:
-    a ZeRO-1 sync captured there differs from eager at 2 GPUs (BENCHMARKS.md; issue 16)."""
+    Every microbatch but the last only accumulates (no_sync)."""
     opts, optim = cfg.optimizations, cfg.optim
     graphs = opts.graph != "eager"
     grad_dtype = torch.float32  # our comm modes accumulate and reduce gradients in fp32 buffers
@@ -87,7 +86,7 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
         else:
             optimizer = torch.optim.AdamW(groups, **adamw)
     overlapped = opts.comm != "allreduce_after_backward"
-    in_graph = overlapped and opts.graph == "per_microbatch" and opts.sync_in_graph
+    in_graph = overlapped and graphs and opts.sync_in_graph
     return SyncPlan(wrapped, optimizer, wrapped.grad_sync, in_graph, _clipper(optimizer, wrapped))
 
 

@@ -199,8 +199,8 @@ class OptimizationsConfig(_Section):
     """The dtype gradients travel in between ranks (bfloat16: half the bytes); they accumulate in fp32 either
     way. Not with comm=ddp."""
     sync_in_graph: bool = True
-    """With graph=per_microbatch and comm=overlap or zero1_overlap: capture the gradient collectives in the
-    graph of the last microbatch, launched bucket by bucket from backward, so they overlap with it at replay
+    """With a graph mode and comm=overlap or zero1_overlap: capture the gradient collectives in the graph that
+    holds the last microbatch, launched bucket by bucket from its backward, so they overlap with it at replay
     (else they run after the replay, exposed). The exposed part is then inside `compute` in the breakdown."""
 
     def _check(self) -> None:
