@@ -8,8 +8,9 @@
 #           200-step loss parity of the full stack against eager (benchmarks/step_variants.py; about 8 min)
 #   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py)
 #   parity  300 steps with fp32 (twice) and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
-#   zero1   the captured-sync check at every GPU (tests/integration/_graph_overlap_check.py), then how often ZeRO-1
-#           in graphs differs from eager over 15 repetitions (benchmarks/zero1_graph_probe.py; issue 16)
+#   zero1   the captured-sync check at every GPU (tests/integration/_graph_overlap_check.py), then how often each
+#           variant of the sync in graphs differs from eager over 20 rounds (benchmarks/zero1_graph_probe.py;
+#           issue 16; about 4 min at 2 GPUs)
 #   multigpu the tests that need >= 2 GPUs (`pytest tests -m multigpu`)
 # Several may be given, run in that order: `bash benchmarks/device_checks.sh zero1 multigpu scaling`.
 #
@@ -46,8 +47,9 @@ fi
 if [ "$what" = zero1 ]; then
   python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" tests/integration/_graph_overlap_check.py cuda \
     2>&1 | grep "vs eager\|OK" || status=1
-  probe="python3 -m torch.distributed.run --standalone --nproc-per-node $gpus benchmarks/zero1_graph_probe.py --reps 15"
-  for flags in "" "--all-reduce"; do $probe $flags 2>&1 | grep "differ\|Error" || status=1; done
+  python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" benchmarks/zero1_graph_probe.py --reps 20 \
+    --variants zero1,overlap,zero1-all-reduce,zero1-no-side-stream,zero1-grads-exposed,zero1-synced \
+    2>&1 | grep "differ\|Error" | tee "$out/zero1_graph_probe.txt" || status=1
 fi
 if [ "$what" = multigpu ]; then
   python3 -m pytest tests -m multigpu -q -p no:cacheprovider > "$out/pytest_multigpu.txt" 2>&1 || status=1

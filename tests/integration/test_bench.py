@@ -1,13 +1,17 @@
 """The benchmark commands on the CPU with the tiny model, so a GPU session does not find them broken:
 `gr00t-train bench` (the baseline row runs `--baseline-runs` times, in folders of its own, and the run of
 median samples/s is the one the speedups divide by: the baseline is host-bound and varies between runs far
-more than the graphed rows), benchmarks/train_scaling.py and benchmarks/grad_reduce_parity.py (gloo)."""
+more than the graphed rows), benchmarks/train_scaling.py, benchmarks/grad_reduce_parity.py and
+benchmarks/zero1_graph_probe.py (gloo)."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from gr00t_train.cli import main
@@ -86,3 +90,19 @@ def test_grad_reduce_parity_compares_bf16_with_two_fp32_runs(dataset, tmp_path) 
     assert report["fp32_vs_fp32"]["steps"] == 3 and report["fp32_vs_fp32"]["max_rel_diff"] == 0.0
     assert 0.0 < report["bf16_vs_fp32"]["max_rel_diff"] < 1e-2
     assert [run["grad_reduce_dtype"] for run in report["runs"].values()] == ["float32", "float32", "bfloat16"]
+
+
+@pytest.mark.timeout(300)
+def test_zero1_graph_probe_runs_every_variant_on_cpu() -> None:
+    """benchmarks/zero1_graph_probe.py with gloo and emulated graphs: every variant and combination runs and
+    matches eager (nothing can race on the CPU), so a GPU session finds the probe working."""
+    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "zero1_graph_probe.py"
+    variants = "zero1,overlap,zero1-all-reduce,zero1-no-side-stream,zero1-grads-exposed,zero1-synced"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(probe),
+               "--device", "cpu", "--reps", "1", "--variants", variants]  # fmt: skip
+    done = subprocess.run(
+        command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.endswith("differ")]
+    assert len(lines) == 6 * 4 and all(line.endswith(": 0 of 1 differ") for line in lines), done.stdout
