@@ -2,7 +2,8 @@
 
 Each repetition builds the small model of tests/integration/_graph_overlap_check.py, runs one iteration (two
 microbatches) with the sync captured, in both graph modes and with the collectives launched by the last
-backward or by start() after it, and compares this rank's reduced gradients with the eager run's, bit for bit.
+backward or by start() after it, and compares this rank's reduced gradients with the first eager run's, bit for
+bit; each repetition also runs eager again, as the control.
 Repetitions go round-robin over the variants, so whatever drifts with time on the machine (the failure rate
 grew during a call on 2026-12-01) weighs on all of them alike. One process per GPU:
 
@@ -87,7 +88,9 @@ def main() -> int:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
-    combos = [(mode, launch) for mode in ("per_microbatch", "full_iteration") for launch in check.LAUNCHES]
+    # eager again each round: the control (is it graphs that differ, or any run?)
+    combos = [("eager", "backward")]
+    combos += [(mode, launch) for mode in ("per_microbatch", "full_iteration") for launch in check.LAUNCHES]
     references = {v: first_grads(v, "eager", "backward", device) for v in variants}
     bad = {(v, c): 0 for v in variants for c in combos}
     for _ in range(args.reps):

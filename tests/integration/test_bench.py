@@ -105,4 +105,4 @@ def test_zero1_graph_probe_runs_every_variant_on_cpu() -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.endswith("differ")]
-    assert len(lines) == 6 * 4 and all(line.endswith(": 0 of 1 differ") for line in lines), done.stdout
+    assert len(lines) == 6 * 5 and all(line.endswith(": 0 of 1 differ") for line in lines), done.stdout
