@@ -12,6 +12,8 @@
 #           variant of the sync in graphs differs from eager over 20 rounds (benchmarks/zero1_graph_probe.py;
 #           issue 16; about 4 min at 2 GPUs)
 #   multigpu the tests that need >= 2 GPUs (`pytest tests -m multigpu`)
+#   profile the full stack at world size 1 and at every GPU with 3 steps under torch.profiler
+#           (`logging.profile_steps`): kernel time by family and rank 0's timeline per world size, into $OUT
 # Several may be given, run in that order: `bash benchmarks/device_checks.sh zero1 multigpu scaling`.
 #
 # Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
@@ -60,6 +62,16 @@ if [ "$what" = scaling ]; then
   python3 benchmarks/train_scaling.py --dataset "$data" --nproc "1,$gpus" --out /tmp/train_scaling \
     --json "$out/train_scaling_h200x${gpus}_$day.json" > "$out/scaling.log" 2>&1 || status=1
   tail -n 8 "$out/scaling.log"
+fi
+if [ "$what" = profile ]; then
+  libero
+  python3 benchmarks/train_scaling.py --dataset "$data" --nproc "1,$gpus" --steps 6 --out /tmp/profiled \
+    --set logging.profile_steps=3 > "$out/profile.log" 2>&1 || status=1
+  for ws in 1 "$gpus"; do
+    cp "/tmp/profiled/ws$ws/kernels_rank0.json" "$out/kernels_ws$ws.json"
+    cp "/tmp/profiled/ws$ws/trace_rank0.json.gz" "$out/trace_ws$ws.json.gz"
+  done
+  tail -n 8 "$out/profile.log"
 fi
 if [ "$what" = parity ]; then
   libero

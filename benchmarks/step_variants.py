@@ -258,7 +258,7 @@ def profile_row(args, out: Path, env, row: str, active: int = 3) -> dict:
 
     cfg = _config(args, "profiled", ROWS[row], args.warmup + 3 + active, out)
     trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)
-    found = profile_steps(trainer, skip=args.warmup + 3, active=active)
+    _, found = profile_steps(trainer, skip=args.warmup + 3, active=active)
     trainer.parts.model.uncompile_blocks()
     del trainer
     gc.collect()

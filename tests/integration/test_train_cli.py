@@ -3,6 +3,7 @@ vla_graph, through the command line."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import gr00t_model
@@ -88,3 +89,15 @@ def test_demo_then_infer(dataset, tmp_path, capsys) -> None:
         again += ["--set", item]
     assert main(again) == 0
     assert sorted(p.name for p in (out / "run" / "checkpoints").iterdir()) == ["step_000002"]
+
+
+def test_profile_steps_writes_kernels_and_a_timeline(dataset, tmp_path, train_args) -> None:
+    """logging.profile_steps: the run trains as usual and leaves the profiler's kernel summary and a gzipped
+    Chrome trace beside its metrics (on CPU the trace holds CPU ops and no GPU kernel is counted)."""
+    out = tmp_path / "run"
+    assert main(train_args(dataset, out, "steps=4", "logging.summary_skip=1", "logging.profile_steps=2")) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    kernels = json.loads((out / "kernels_rank0.json").read_text())
+    assert kernels["total"] == 0.0 and kernels["top_kernels"] == []
+    trace = json.loads(gzip.decompress((out / "trace_rank0.json.gz").read_bytes()))
+    assert any(event.get("ph") == "X" for event in trace["traceEvents"])

@@ -142,7 +142,7 @@ def _run_row(name: str, cfg: TrainConfig, env, steps: int, warmup: int, last: bo
     if last:
         from ._profile import profile_steps
 
-        kernels = profile_steps(trainer, skip=warmup + steps, active=3)
+        _, kernels = profile_steps(trainer, skip=warmup + steps, active=3)
     if kernels is None:
         summary = trainer.fit()
     else:  # the throughput of the measured steps only, not of the profiled ones after them

@@ -269,9 +269,15 @@ class LoggingConfig(_Section):
     A100/A800 312), as torchtitan and Megatron count MFU."""
     summary_skip: int = 5
     """Leading steps left out of the throughput summary (compilation, capture, warm caches)."""
+    profile_steps: int = 0
+    """Record this many steps after `summary_skip` with torch.profiler, on every rank: `kernels_rank<R>.json`
+    (GPU kernel time per step by family, the costliest kernels) and `trace_rank<R>.json.gz` (a Chrome/Perfetto
+    timeline: what overlaps what) in the output folder. They count in the summary; for diagnosis, not for
+    throughput numbers."""
 
     def _check(self) -> None:
         require(self.every >= 1, "every", f"must be >= 1, got {self.every}")
+        require(self.profile_steps >= 0, "profile_steps", f"must be >= 0, got {self.profile_steps}")
         require(self.peak_tflops is None or self.peak_tflops > 0, "peak_tflops", "must be > 0 or none")
         require(self.summary_skip >= 0, "summary_skip", f"must be >= 0, got {self.summary_skip}")
 

@@ -5,6 +5,10 @@ torch.profiler trace: where the next milliseconds are. Fused Triton kernels are 
 from __future__ import annotations
 
 import collections
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -45,9 +49,10 @@ def by_family(prof, steps: int, top: int = 0) -> dict:
     return out
 
 
-def profile_steps(trainer, *, skip: int, active: int = 3, top: int = 40) -> dict:
-    """Run `trainer.fit()` with torch.profiler recording `active` steps after the first `skip`: kernel time
-    per step by family (and the `top` costliest kernels)."""
+def profile_steps(trainer, *, skip: int, active: int = 3, top: int = 40, trace: Path | None = None) -> tuple:
+    """Run `trainer.fit()` with torch.profiler recording `active` steps after the first `skip`; returns fit's
+    summary and the kernel time per step by family (with the `top` costliest kernels). With `trace`, the
+    recorded steps' timeline is also written there (gzipped Chrome trace JSON)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     kinds = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
@@ -55,7 +60,13 @@ def profile_steps(trainer, *, skip: int, active: int = 3, top: int = 40) -> dict
     with profile(activities=kinds, schedule=plan) as prof:
         trainer.step_callback = prof.step
         try:
-            trainer.fit()
+            summary = trainer.fit()
         finally:
             trainer.step_callback = None
-    return by_family(prof, active, top=top)
+    if trace is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(plain))
+            with plain.open("rb") as src, gzip.open(trace, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return summary, by_family(prof, active, top=top)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -27,7 +29,8 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         run = claim_run(cfg, env)
         try:
             parts = build_parts(cfg, env)
-            summary = Trainer(cfg, parts, env).fit()  # fit() gets the same claim back
+            trainer = Trainer(cfg, parts, env)
+            summary = _fit(trainer, cfg, env.rank)  # fit() gets the same claim back
         finally:
             run.release()
     except Exception as err:
@@ -38,6 +41,26 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     finally:
         shutdown_distributed(env)
     return summary if env.is_main else None
+
+
+def _fit(trainer: Trainer, cfg: TrainConfig, rank: int) -> RunSummary:
+    """trainer.fit(), under torch.profiler when `logging.profile_steps` asks (its files beside the metrics)."""
+    if cfg.logging.profile_steps == 0:
+        return trainer.fit()
+    from ._profile import profile_steps
+
+    out = Path(cfg.output_dir)
+    summary, kernels = profile_steps(
+        trainer,
+        skip=cfg.logging.summary_skip,
+        active=cfg.logging.profile_steps,
+        trace=out / f"trace_rank{rank}.json.gz",
+    )
+    (out / f"kernels_rank{rank}.json").write_text(json.dumps(kernels, indent=2) + "\n")
+    logging.getLogger(__name__).info(
+        "profiled %d steps: %s", cfg.logging.profile_steps, out / f"kernels_rank{rank}.json"
+    )
+    return summary
 
 
 def _stalled_worker(err: Exception, cfg: TrainConfig) -> DataError | None:
