@@ -88,6 +88,11 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
         ("precision=fp16", "precision: 'fp16' is not one of the allowed values: auto, bf16, fp32"),
         ("optim=1", "optim: expected a table of settings"),
         ("lr", "must look like section.field=value"),
+        ("logging.profile_steps=-1", "logging.profile_steps: must be >= 0"),
+        (
+            "logging.profile_steps=20000",
+            "logging.profile_steps: records steps 6-20005 (after logging.summary_skip)",
+        ),
     ],
 )
 def test_bad_values_name_the_field_and_allowed_values(override: str, message: str) -> None:

@@ -318,6 +318,13 @@ class TrainConfig(_Section):
             "is a Triton kernel: it needs device=cuda (or auto on a GPU host)",
         )
         require(bool(self.output_dir), "output_dir", "must not be empty")
+        profiled = self.logging.summary_skip + self.logging.profile_steps
+        require(
+            self.logging.profile_steps == 0 or profiled <= self.steps,
+            "logging.profile_steps",
+            f"records steps {self.logging.summary_skip + 1}-{profiled} (after logging.summary_skip), but the run "
+            f"has {self.steps}",
+        )
 
     @property
     def checkpoint_dir(self) -> str:
