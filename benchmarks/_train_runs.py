@@ -4,6 +4,7 @@ written."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -13,6 +14,16 @@ from pathlib import Path
 QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
          "checkpoint.save_final=false", "checkpoint.every=0", "checkpoint.existing_run=overwrite"]  # fmt: skip
 """A measured run writes no checkpoint and no plots, and replaces an earlier run of itself."""
+
+
+def add_run_arguments(p: argparse.ArgumentParser, out: str) -> None:
+    """The arguments every multi-run benchmark takes: the dataset, decoding workers, run folders, extra `--set`s
+    and the JSON report."""
+    p.add_argument("--dataset", type=Path, required=True, help="a LeRobot dataset")
+    p.add_argument("--workers", type=int, default=6, help="decoding workers per rank")
+    p.add_argument("--out", type=Path, default=Path(out), help="the runs' folders")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", type=Path, help="also write the report as JSON here")
 
 
 def command(nproc: int, sets: list[str]) -> list[str]:

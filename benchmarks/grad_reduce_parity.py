@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from _train_runs import train, write_report
+from _train_runs import add_run_arguments, train, write_report
 from gr00t_train._components.metrics import read_history
 
 RUNS = (("fp32", "float32"), ("fp32-again", "float32"), ("bf16", "bfloat16"))
@@ -30,13 +30,9 @@ RUNS = (("fp32", "float32"), ("fp32-again", "float32"), ("bf16", "bfloat16"))
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", type=Path, required=True, help="a LeRobot dataset")
+    add_run_arguments(p, "runs/grad_reduce_parity")
     p.add_argument("--nproc", type=int, default=2, help="world size (torchrun processes)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
-    p.add_argument("--workers", type=int, default=6, help="decoding workers per rank")
-    p.add_argument("--out", type=Path, default=Path("runs/grad_reduce_parity"), help="the runs' folders")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--json", type=Path, help="also write the report as JSON here")
     return p.parse_args(argv)
 
 

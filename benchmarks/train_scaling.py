@@ -18,21 +18,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-from _train_runs import train, write_report
+from _train_runs import add_run_arguments, train, write_report
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", type=Path, required=True, help="a LeRobot dataset")
+    add_run_arguments(p, "runs/train_scaling")
     p.add_argument("--nproc", default="1,2", help="comma-separated world sizes, run in this order")
     p.add_argument("--steps", type=int, default=30, help="measured steps per row")
     p.add_argument("--warmup", type=int, default=6, help="steps before measuring (compile, capture)")
-    p.add_argument("--workers", type=int, default=6, help="decoding workers per rank")
-    p.add_argument("--out", type=Path, default=Path("runs/train_scaling"), help="the rows' run folders")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     return p.parse_args(argv)
 
 

@@ -81,13 +81,7 @@ def main() -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = check.init(args.device)
     # eager again each round: the control (is it graphs that differ, or any run?)
     combos = [("eager", "backward")]
     combos += [(mode, launch) for mode in ("per_microbatch", "full_iteration") for launch in check.LAUNCHES]

@@ -134,15 +134,20 @@ def _where(grads: torch.Tensor, ref: torch.Tensor) -> str:
             f"[{bad.min().item()}..{bad.max().item()}], {zero:.0%} zero, median ratio {ratio:.3g}")  # fmt: skip
 
 
-def main() -> None:
-    kind = sys.argv[1] if len(sys.argv) > 1 else ("cuda" if torch.cuda.is_available() else "cpu")
+def init(kind: str) -> torch.device:
+    """This process's device under torchrun ("cuda": its LOCAL_RANK GPU, NCCL; "cpu": gloo)."""
     if kind == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        return device
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def main() -> None:
+    kind = sys.argv[1] if len(sys.argv) > 1 else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = init(kind)
     failed = False
     for comm in ("overlap", "zero1_overlap"):
         ref_params, ref_losses, ref_grads = train("eager", comm, device)
