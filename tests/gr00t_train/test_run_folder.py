@@ -136,6 +136,24 @@ def test_resume_with_another_batch_size_stops_at_the_start(tmp_path, env, standi
     assert "data.batch_size=4; this run has 1 process(es) and data.batch_size=8" in message
 
 
+def test_resume_with_another_cpu_thread_count_warns_and_continues(tmp_path, env, standins, caplog) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _run(standins, env, tmp_path, steps=4, checkpoint__every=2)
+        state = json.loads(
+            (tmp_path / "run" / "checkpoints" / "step_000004" / "trainer_state.json").read_text()
+        )
+        assert state["cpu_threads"] == 1
+        torch.set_num_threads(2)
+        with caplog.at_level("WARNING", logger="gr00t_train"):
+            trainer = _run(standins, env, tmp_path, steps=6, checkpoint__resume="auto")
+    finally:
+        torch.set_num_threads(before)
+    assert trainer.step == 6
+    assert "written with 1 CPU compute threads, now 2" in caplog.text
+
+
 def test_a_run_that_failed_at_its_start_does_not_block_the_next(tmp_path, env, standins) -> None:
     # Nothing was trained or logged: the folder holds nothing to protect, so a corrected rerun just starts.
     parts = standins.make_parts()

@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, dataset_fingerprint
 from ._config import TrainConfig
 from ._errors import ConfigError
@@ -42,6 +44,7 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
                 f"--set {name}={before}. {fresh}",
             )
     _check_same_dataset(path, cfg, state, _dotted(saved, "data.dataset"), fresh)
+    _warn_other_cpu_threads(path, state.get("cpu_threads"))
     saved_global = state.get("global_batch")
     now_global = batch * cfg.optim.grad_accum * world_size
     if saved_global is not None and saved_global != now_global:
@@ -51,6 +54,22 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
             path,
             saved_global,
             now_global,
+        )
+
+
+def _warn_other_cpu_threads(path: Path, saved: int | None) -> None:
+    """A CPU run's checkpoint resumed with another number of compute threads continues, but not bit for bit:
+    torch's CPU kernels split reductions by thread (the count is cores - data.num_workers, see
+    `share_cpu_cores`)."""
+    now = torch.get_num_threads()
+    if saved is not None and saved != now:
+        log.warning(
+            "resuming %s written with %d CPU compute threads, now %d: the run continues but does not follow "
+            "the original trajectory bit for bit (CPU kernels sum in a thread-dependent order); keep "
+            "data.num_workers and the core count to resume exactly",
+            path,
+            saved,
+            now,
         )
 
 

@@ -11,6 +11,8 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from ..__about__ import __version__
 from .._checkpoint import DATASET_FINGERPRINT, Checkpointer, dataset_fingerprint
 from .._config import TrainConfig
@@ -56,6 +58,8 @@ class CheckpointComponent:
             "samples_seen": samples_seen,
             "world_size": self.env.world_size,
             "global_batch": self.global_batch,
+            # CPU kernels split reductions by thread: a resume is bit-exact at the same count only
+            "cpu_threads": torch.get_num_threads() if self.env.device.type == "cpu" else None,
             "schedule": asdict(self.model.schedule),
             "gr00t_train_version": __version__,
         }
