@@ -1,8 +1,9 @@
 """One set of gloo worker processes for the whole test session (starting a group costs seconds here).
 
 Four processes join one default group; sub-groups of the first k ranks (k = 1..4) give every world size,
-each also as a deferred (fake) group. `pool.run(name, world_size, **kwargs)` calls
-`_overlap_workers.<name>(ctx, **kwargs)` on ranks < world_size and returns their results in rank order.
+each also as a deferred (fake) group. `pool.run(name, world_size, **kwargs)` calls the worker function
+`name(ctx, **kwargs)` on ranks < world_size and returns their results in rank order. The worker functions
+live in the topic modules of WORKER_MODULES (shared helpers in _workers_common); a name is looked up in all.
 
 A hang must fail one test, not stall the run: every task has one deadline for all its answers; past it, the
 pool dumps the workers' stacks (faulthandler, to stderr), starts fresh processes for the next task and raises.
@@ -14,6 +15,8 @@ vla-io's VideoWriter now undoes it.)
 from __future__ import annotations
 
 import faulthandler
+import importlib
+import inspect
 import io
 import itertools
 import multiprocessing as mp
@@ -31,6 +34,31 @@ import torch
 MAX_WORLD = 4
 TASK_TIMEOUT_S = 120  # every task takes seconds; the slowest about 20 s on 2 busy cores
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)  # a hung collective errors out before the pool gives up
+WORKER_MODULES = (
+    "_workers_equivalence",
+    "_workers_deferred",
+    "_workers_zero1",
+    "_workers_buffers",
+    "_workers_errors",
+    "_workers_edge_cases",
+)
+
+
+def worker_functions() -> dict[str, Any]:
+    """name -> public function defined in one of WORKER_MODULES. A name defined in two modules is an error
+    rather than a silent pick of one."""
+    found: dict[str, Any] = {}
+    for module_name in WORKER_MODULES:
+        module = importlib.import_module(module_name)
+        for name, value in vars(module).items():
+            if name.startswith("_") or not inspect.isfunction(value) or value.__module__ != module_name:
+                continue  # private helpers and what the module imported
+            if name in found:
+                raise RuntimeError(
+                    f"worker {name!r} is defined in {found[name].__module__} and {module_name}"
+                )
+            found[name] = value
+    return found
 
 
 class Ctx:
@@ -67,7 +95,7 @@ def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
             dist.new_group(ranks, timeout=COLLECTIVE_TIMEOUT) if size < MAX_WORLD else dist.group.WORLD
         )
         deferred[size] = dist.new_group(ranks, backend="deferred", timeout=COLLECTIVE_TIMEOUT)
-    import _overlap_workers
+    workers = worker_functions()
 
     while True:
         task = tasks.get()
@@ -78,7 +106,9 @@ def _worker(rank: int, store_path: str, tasks: Any, results: Any) -> None:
             value = None
             if rank < world_size:
                 ctx = Ctx(rank, world_size, groups[world_size], deferred[world_size])
-                value = getattr(_overlap_workers, name)(ctx, **kwargs)
+                if name not in workers:
+                    raise LookupError(f"no worker function {name!r} in {', '.join(WORKER_MODULES)}")
+                value = workers[name](ctx, **kwargs)
             results.put((number, rank, True, _dumps(value)))
         except BaseException:  # report everything, keep serving
             results.put((number, rank, False, traceback.format_exc()))

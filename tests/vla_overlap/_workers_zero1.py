@@ -1,0 +1,152 @@
+"""Worker scenarios of ZeRO-1 optimizer state: checkpoints, weights loaded into a running model, fused
+clipping and the flat AdamW step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from _workers_common import (
+    ADAMW,
+    batch,
+    bf16_model,
+    build,
+    make_model,
+    make_scheduler,
+    param_groups,
+    params_of,
+    run_steps,
+)
+from vla_overlap import DistributedAdamW, OverlapConfig, OverlapDataParallel
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def checkpoint_save(ctx: Any, save_at: int, steps: int, micro: int = 2) -> dict[str, Any]:
+    """Train zero1 for `steps` steps, taking model + optimizer + scheduler state after `save_at`."""
+    model, opt, sched, module = build(ctx, "zero1")
+    run_steps(ctx, model, opt, sched, range(save_at), micro)
+    saved = {"model": params_of(module), "optim": opt.state_dict(), "sched": sched.state_dict()}
+    run_steps(ctx, model, opt, sched, range(save_at, steps), micro)
+    return {"saved": saved, "final": params_of(module)}
+
+
+def checkpoint_resume(
+    ctx: Any, saved: dict[str, Any], start: int, steps: int, micro: int = 2
+) -> dict[str, Any]:
+    """Fresh (differently seeded) zero1 run that loads `saved` and continues; also re-saves right after
+    loading to prove the round trip is lossless."""
+    module = make_model(seed=123)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+    opt = DistributedAdamW(model, param_groups(module), **ADAMW)
+    sched = make_scheduler(opt)
+    module.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optim"])
+    sched.load_state_dict(saved["sched"])
+    resaved = opt.state_dict()
+    run_steps(ctx, model, opt, sched, range(start, steps), micro)
+    return {"resaved": resaved, "final": params_of(module), "lr": opt.param_groups[0]["lr"]}
+
+
+def load_weights_into_running_zero1(ctx: Any) -> dict[str, bool]:
+    """bf16 parameters, lazy gathers pending after a step, then module.load_state_dict(new weights): the
+    loaded values must survive state_dict reads, a forward pass and an lr=0 step (stale fp32 masters or
+    late gathers would bring the old weights back)."""
+    module = make_model(dtype=torch.bfloat16)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+    opt = DistributedAdamW(model, **ADAMW)
+    run_steps(ctx, model, opt, make_scheduler(opt), range(1), 2, dtype=torch.bfloat16)
+    assert model._gather.pending, "the scenario needs gathers still pending"
+    weights = params_of(make_model(seed=7, dtype=torch.bfloat16))
+    module.load_state_dict(weights)
+    checks = {"after_load": all(torch.equal(v, weights[k]) for k, v in params_of(module).items())}
+    x, y = batch(5, 0, ctx.rank, ctx.world_size, torch.bfloat16)
+    model(x)
+    checks["after_forward"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
+    for group in opt.param_groups:
+        group["lr"], group["weight_decay"] = 0.0, 0.0
+    model.zero_grad()
+    F.mse_loss(model(x).float(), y.float()).backward()
+    opt.step()
+    checks["after_step"] = all(torch.equal(v, weights[k]) for k, v in params_of(module).items())
+    return checks
+
+
+# ------------------------------------------------------------------------------------------- fused clipping
+def fused_clip(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
+    """DistributedAdamW with global-norm clipping: fused AdamW (the clip folded into its grad_scale, no pass
+    over the gradients) vs the single-tensor AdamW (gradients multiplied by the clip coefficient)."""
+    out = {}
+    for fused in (False, True):
+        module = make_model()
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "foreach": None, "fused": fused})
+        norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), micro, clip=0.05)
+        out[f"fused={fused}"] = {
+            "params": params_of(module),
+            "norms": norms,
+            "scale_left": opt.inner.grad_scale,
+        }
+    return out
+
+
+def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
+    """DistributedAdamW's flat one-pass step (torch-op kernel here; the Triton kernel is tested on the GPU)
+    vs torch's AdamW, with clipping and two parameter groups, bf16 parameters with fp32 masters; then the
+    flat optimizer's state dict loaded into a torch-stepped one continues the same trajectory."""
+    out = {}
+    for flat in (None, "torch"):
+        module = bf16_model(mixed=True)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": flat})
+        sched = make_scheduler(opt)
+        norms = run_steps(
+            ctx, model, opt, sched, range(steps), micro, autocast=True, clip=0.05, dtype=torch.bfloat16
+        )
+        saved = opt.state_dict()
+        resumed_module = bf16_model(mixed=True)
+        resumed = OverlapDataParallel(
+            resumed_module, OverlapConfig(bucket_elements=600), process_group=ctx.group
+        )
+        other = DistributedAdamW(
+            resumed, param_groups(resumed_module), **{**ADAMW, "flat": "torch" if flat is None else None}
+        )
+        other.load_state_dict(saved)
+        other_sched = make_scheduler(other)
+        for _ in range(steps):
+            other_sched.step()
+        run_steps(
+            ctx,
+            resumed,
+            other,
+            other_sched,
+            range(steps, steps + 2),
+            micro,
+            autocast=True,
+            clip=0.05,
+            dtype=torch.bfloat16,
+        )
+        out[f"flat={flat}"] = {
+            "params": params_of(module),
+            "norms": norms,
+            "resumed": params_of(resumed_module),
+            "masters": {name: entry["master"] for name, entry in saved["state"].items()},
+            "moments": {name: entry["exp_avg_sq"] for name, entry in saved["state"].items()},
+            "steps": [float(entry["step"]) for entry in saved["state"].values()],
+        }
+    # The flat moments exist from the first step on (as torch's AdamW state does), and a state dict saved
+    # before any step, loaded into a stepped optimizer, leaves them zero (a fresh start).
+    fresh_module = bf16_model(mixed=True)
+    fresh_model = OverlapDataParallel(
+        fresh_module, OverlapConfig(bucket_elements=600), process_group=ctx.group
+    )
+    fresh = DistributedAdamW(fresh_model, param_groups(fresh_module), **{**ADAMW, "flat": "torch"})
+    out["lazy_moments"] = all(
+        flat[key] is None for flat in fresh.flat.buckets for key in ("exp_avg", "exp_avg_sq")
+    )
+    out["state_before_step"] = sorted({key for state in fresh.state.values() for key in state})
+    opt.load_state_dict(fresh.state_dict())  # opt: the flat one, stepped above
+    out["moments_after_fresh_load"] = [
+        float(flat[key].abs().sum()) for flat in opt.flat.buckets for key in ("exp_avg", "exp_avg_sq")
+    ]
+    return out
