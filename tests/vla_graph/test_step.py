@@ -10,10 +10,9 @@ import types
 import pytest
 import torch
 import vla_graph
+from _graph_steps import GRAPH_MODES, linear_step, microbatches
 from torch import nn
-from vla_graph import GraphCaptureError, GraphConfig, GraphedStep, ShapeChangeError
-
-GRAPH_MODES = ["per_microbatch", "full_iteration"]
+from vla_graph import GraphConfig, GraphedStep, ShapeChangeError
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -57,21 +56,6 @@ def test_random_streams_are_consumed_identically_in_every_mode(toy) -> None:
         assert torch.equal(states[mode][1], states["eager"][1]), "default generator (dropout)"
 
 
-def _linear_step(events: list, model: nn.Linear, count: int):
-    def step(batch: dict) -> torch.Tensor:
-        events.append(f"step{batch['index']}")
-        loss = model(batch["x"]).square().mean()
-        (loss / count).backward()
-        return loss
-
-    return step
-
-
-def _batches(count: int, seed: int = 0) -> list[dict]:
-    gen = torch.Generator().manual_seed(seed)
-    return [{"x": torch.randn(4, 3, generator=gen), "index": i} for i in range(count)]
-
-
 class _RecordingSync:
     """A GradSync that records what GraphedStep asks of it, around a plain model's own .grad."""
 
@@ -113,17 +97,17 @@ def test_grad_sync_is_driven_as_documented(mode: str, sync_in_graph: bool) -> No
     events: list[str] = []
     model = nn.Linear(3, 2)
     step = GraphedStep(
-        _linear_step(events, model, 2),
+        linear_step(events, model, 2),
         params=model.parameters(),
         config=GraphConfig(mode=mode, warmup_iters=2, sync_in_graph=sync_in_graph),
         grad_sync=_RecordingSync(events, model),
     )
-    step(_batches(2))
+    step(microbatches(2))
     captured = mode != "eager" and sync_in_graph
     last = "step1" if mode == "eager" else ("launch" if captured else "no_sync")
     for seed in range(1, 3):
         events.clear()
-        step(_batches(2, seed))
+        step(microbatches(2, seed))
         # Emulation re-runs the captured Python at replay; a GPU replays the same kernels in this order.
         body = ["zero", "no_sync", "step0", last, *(["step1"] if last != "step1" else [])]
         assert events == [*body, "start", "finish", *(["synced"] if captured else [])]
@@ -133,12 +117,12 @@ def test_warmup_runs_the_sync_where_the_graph_will_hold_it() -> None:
     events: list[str] = []
     model = nn.Linear(3, 2)
     step = GraphedStep(
-        _linear_step(events, model, 2),
+        linear_step(events, model, 2),
         params=model.parameters(),
         config=GraphConfig(mode="per_microbatch", warmup_iters=2),
         grad_sync=_RecordingSync(events, model),
     )
-    step(_batches(2))
+    step(microbatches(2))
     iteration = ["zero", "no_sync", "step0", "launch", "step1", "start", "finish"]
     # the check forces three warmup iterations (two traced, one as captured), then the captures
     assert events[: 3 * 7] == iteration * 3
@@ -156,10 +140,10 @@ def test_a_grad_sync_object_needs_every_method() -> None:
 def test_gradients_accumulate_over_microbatches_into_owned_buffers() -> None:
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
-    step = GraphedStep(_linear_step([], model, 2), params=model.parameters(), config=GraphConfig())
+    step = GraphedStep(linear_step([], model, 2), params=model.parameters(), config=GraphConfig())
     owned = None
     for seed in range(3):
-        batches = _batches(2, seed)
+        batches = microbatches(2, seed)
         step(batches)
         if owned is None:
             owned = [p.grad for p in model.parameters()]
@@ -176,20 +160,20 @@ def test_gradients_accumulate_over_microbatches_into_owned_buffers() -> None:
 
 def test_a_replaced_grad_is_an_error() -> None:
     model = nn.Linear(3, 2)
-    step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
-    step(_batches(1))
+    step = GraphedStep(linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
+    step(microbatches(1))
     model.weight.grad = torch.zeros_like(model.weight)
     with pytest.raises(RuntimeError, match=r"weight\.grad was replaced by a new tensor"):
-        step(_batches(1))
+        step(microbatches(1))
 
 
 def test_a_hook_that_removes_grads_needs_a_sync_object() -> None:
     model = nn.Linear(3, 2)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-    step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
+    step = GraphedStep(linear_step([], model, 1), params=model.named_parameters(), config=GraphConfig())
     with pytest.raises(RuntimeError, match="grad_sync"):
-        step(_batches(1))
+        step(microbatches(1))
 
 
 class _BufferSync(_RecordingSync):
@@ -218,12 +202,12 @@ def test_gradient_buffers_of_a_sync_object_filled_by_hooks(mode: str) -> None:
     model = nn.Linear(3, 2)
     sync = _BufferSync(model)
     step = GraphedStep(
-        _linear_step([], model, 2), params=model.parameters(), config=GraphConfig(mode=mode), grad_sync=sync
+        linear_step([], model, 2), params=model.parameters(), config=GraphConfig(mode=mode), grad_sync=sync
     )
     reference = nn.Linear(3, 2)
     reference.load_state_dict(model.state_dict())
     for seed in range(2):
-        batches = _batches(2, seed)
+        batches = microbatches(2, seed)
         step(batches)
         reference.zero_grad()
         for batch in batches:
@@ -243,48 +227,48 @@ def test_a_grad_allocated_inside_the_capture_is_an_error() -> None:
             model.zero_grad(set_to_none=True)
 
     step = GraphedStep(
-        _linear_step([], model, 1),
+        linear_step([], model, 1),
         params=model.named_parameters(),
         config=GraphConfig(),
         grad_sync=DropGrads([], model),
     )
     with pytest.raises(RuntimeError, match=r"\.grad was set to new memory during capture"):
-        step(_batches(1))
+        step(microbatches(1))
 
 
 def test_call_counts_warmup_capture_and_replay() -> None:
     events: list[str] = []
     model = nn.Linear(3, 2)
     step = GraphedStep(
-        _linear_step(events, model, 2), params=model.parameters(), config=GraphConfig(warmup_iters=3)
+        linear_step(events, model, 2), params=model.parameters(), config=GraphConfig(warmup_iters=3)
     )
-    step(_batches(2))
+    step(microbatches(2))
     assert len(events) == 2 * 3 + 2 + 2  # warmup, emulated capture, first replay
-    step(_batches(2))
+    step(microbatches(2))
     assert len(events) == 12
     assert step.report.replays == 2 and step.report.capture_seconds > 0
 
 
 def test_outputs_are_copies_that_later_calls_do_not_overwrite() -> None:
     model = nn.Linear(3, 2)
-    step = GraphedStep(_linear_step([], model, 1), params=model.parameters())
-    first = step(_batches(1, seed=0))[0]
+    step = GraphedStep(linear_step([], model, 1), params=model.parameters())
+    first = step(microbatches(1, seed=0))[0]
     kept = first.clone()
-    step(_batches(1, seed=1))
+    step(microbatches(1, seed=1))
     assert torch.equal(first, kept) and not first.requires_grad
 
 
 def test_shape_changes_raise_naming_the_key() -> None:
     model = nn.Linear(3, 2)
-    step = GraphedStep(_linear_step([], model, 1), params=model.parameters())
-    step(_batches(1))
+    step = GraphedStep(linear_step([], model, 1), params=model.parameters())
+    step(microbatches(1))
     wider = [{"x": torch.randn(5, 3), "index": 0}]
     with pytest.raises(ShapeChangeError, match=r"microbatch 0\['x'\] has shape \(5, 3\) instead of \(4, 3\)"):
         step(wider)
     with pytest.raises(
         ShapeChangeError, match="the iteration has 2 microbatches; the graphs were captured for 1"
     ):
-        step(_batches(2))
+        step(microbatches(2))
     halves = [{"x": torch.randn(4, 3).double(), "index": 0}]
     with pytest.raises(ShapeChangeError, match="dtype torch.float64 instead of torch.float32"):
         step(halves)
@@ -297,9 +281,9 @@ def test_recapture_keeps_one_graph_set_per_shape(mode: str) -> None:
     ref_model = nn.Linear(3, 2)
     ref_model.load_state_dict(model.state_dict())
     config = GraphConfig(mode=mode, on_shape_change="recapture", max_captures=2)
-    step = GraphedStep(_linear_step([], model, 1), params=model.parameters(), config=config)
+    step = GraphedStep(linear_step([], model, 1), params=model.parameters(), config=config)
     ref = GraphedStep(
-        _linear_step([], ref_model, 1), params=ref_model.parameters(), config=GraphConfig(mode="eager")
+        linear_step([], ref_model, 1), params=ref_model.parameters(), config=GraphConfig(mode="eager")
     )
     for rows in [4, 6, 4, 6]:
         batch = [{"x": torch.randn(rows, 3), "index": 0}]
@@ -316,52 +300,6 @@ def test_python_values_in_batches_are_part_of_the_shape() -> None:
     step([{"x": torch.randn(4, 3), "scale": 2.0}])
     with pytest.raises(ShapeChangeError, match=r"microbatch 0\['scale'\] is the Python float 3.0"):
         step([{"x": torch.randn(4, 3), "scale": 3.0}])
-
-
-def _syncing_step(model: nn.Linear):
-    def step(batch: dict) -> torch.Tensor:
-        loss = model(batch["x"]).square().mean()
-        if loss.item() > 1e9:  # a host sync that a graph cannot hold
-            raise AssertionError("unreachable")
-        loss.backward()
-        return loss
-
-    return step
-
-
-@pytest.mark.parametrize("mode", GRAPH_MODES)
-def test_unsafe_steps_raise_before_capture_by_default(mode: str) -> None:
-    model = nn.Linear(3, 2)
-    step = GraphedStep(_syncing_step(model), params=model.parameters(), config=GraphConfig(mode=mode))
-    with pytest.raises(GraphCaptureError, match=r"\[host sync\] \.item\(\) at .*test_step\.py") as info:
-        step(_batches(1))
-    assert info.value.findings and "fallback='eager'" in str(info.value)
-
-
-@pytest.mark.parametrize("mode", GRAPH_MODES)
-def test_eager_fallback_only_when_asked_and_then_matches_eager(mode: str, caplog) -> None:
-    torch.manual_seed(0)
-    model, ref_model = nn.Linear(3, 2), nn.Linear(3, 2)
-    ref_model.load_state_dict(model.state_dict())
-    step = GraphedStep(
-        _syncing_step(model), params=model.parameters(), config=GraphConfig(mode=mode, fallback="eager")
-    )
-    ref = GraphedStep(
-        _syncing_step(ref_model), params=ref_model.parameters(), config=GraphConfig(mode="eager")
-    )
-    with caplog.at_level(logging.WARNING, logger="vla_graph"):
-        for seed in range(2):
-            assert torch.equal(step(_batches(1, seed))[0], ref(_batches(1, seed))[0])
-            assert torch.equal(model.weight.grad, ref_model.weight.grad)
-    assert "fallback='eager'" in caplog.text and ".item()" in caplog.text
-    assert step.report.captures == 0 and step.report.eager_iterations == 2 and len(step.report.fallbacks) == 1
-
-
-def test_unchecked_steps_are_captured_as_is() -> None:
-    model = nn.Linear(3, 2)
-    step = GraphedStep(_syncing_step(model), params=model.parameters(), config=GraphConfig(check=False))
-    step(_batches(1))  # emulation cannot fail a capture; on a GPU CUDA would (see the gpu tests)
-    assert step.report.captures == 1
 
 
 def test_registered_generators_inside_the_step_match_eager() -> None:
@@ -381,20 +319,20 @@ def test_registered_generators_inside_the_step_match_eager() -> None:
         graphed = GraphedStep(
             step, params=model.parameters(), config=GraphConfig(mode=mode), generators=[gen]
         )
-        results[mode] = torch.stack([graphed(_batches(2, seed))[1] for seed in range(3)])
+        results[mode] = torch.stack([graphed(microbatches(2, seed))[1] for seed in range(3)])
     assert torch.equal(results["per_microbatch"], results["eager"])
     assert torch.equal(results["full_iteration"], results["eager"])
 
 
 def test_moved_parameters_are_detected_and_reset_recaptures() -> None:
     model = nn.Linear(3, 2)
-    step = GraphedStep(_linear_step([], model, 1), params=model.named_parameters())
-    step(_batches(1))
+    step = GraphedStep(linear_step([], model, 1), params=model.named_parameters())
+    step(microbatches(1))
     model.weight.data = model.weight.data.clone()
     with pytest.raises(RuntimeError, match="weight moved to new memory since the graph was captured"):
-        step(_batches(1))
+        step(microbatches(1))
     step.reset()
-    step(_batches(1))
+    step(microbatches(1))
     assert step.report.captures == 2
 
 
@@ -419,47 +357,3 @@ def test_bad_calls_and_outputs_are_explained() -> None:
 def test_capture_stream_is_a_no_op_off_gpu() -> None:
     with vla_graph.capture_stream("cpu"):
         assert torch.ones(1).item() == 1.0
-
-
-class _FailingCapture:
-    """Stands in for CUDA rejecting a capture (what a GPU does with a host sync the check missed)."""
-
-    def __init__(self, backend, message: str) -> None:
-        self.backend, self.message = backend, message
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
-
-    def capture(self, fn, generators):
-        from vla_graph._device import CaptureFailed
-
-        try:
-            try:
-                raise RuntimeError(self.message)
-            except RuntimeError:
-                raise RuntimeError(
-                    "CUDA error: operation failed due to a previous error during capture"
-                ) from None
-        except RuntimeError as error:
-            raise CaptureFailed(error, ["a warning raised while capturing"]) from error
-
-
-@pytest.mark.parametrize("fallback", ["error", "eager"])
-def test_a_rejected_capture_is_explained_and_falls_back_only_when_asked(fallback: str, caplog) -> None:
-    model = nn.Linear(3, 2)
-    step = GraphedStep(
-        _linear_step([], model, 1), params=model.parameters(), config=GraphConfig(fallback=fallback)
-    )
-    step._backend = _FailingCapture(step._backend, "CUDA error: capturing stream has unjoined work")
-    if fallback == "error":
-        with pytest.raises(GraphCaptureError, match="CUDA graph capture of microbatch 0 failed") as info:
-            step(_batches(1))
-        assert "another CUDA stream" in str(info.value) and "a warning raised while capturing" in str(
-            info.value
-        )
-        assert isinstance(info.value.__cause__, RuntimeError)
-        return
-    with caplog.at_level(logging.WARNING, logger="vla_graph"):
-        out = step(_batches(1))
-    assert out[0].shape == () and step.report.eager_iterations == 1 and "unjoined" in step.report.fallbacks[0]
-    assert model.weight.grad is not None and "restart it" in caplog.text
