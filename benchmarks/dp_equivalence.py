@@ -56,7 +56,7 @@ def train(mode: str, args: argparse.Namespace, rank: int, world: int, device: to
     if mode == "reference":
         model, opt = module, torch.optim.AdamW(module.parameters(), **ADAMW)
     else:
-        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=args.bucket_size))
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=args.bucket_elements))
         opt = (
             DistributedAdamW(model, module.parameters(), **ADAMW)
             if mode == "zero1"
@@ -121,7 +121,14 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=4, help="samples per rank and step")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--bucket-size", type=int, default=300_000, help="vla_overlap bucket, elements")
+    p.add_argument(
+        "--bucket-elements",
+        "--bucket-size",  # the old name, kept working for existing command lines
+        dest="bucket_elements",
+        type=int,
+        default=300_000,
+        help="vla_overlap bucket size in elements, not bytes (--bucket-size: deprecated alias)",
+    )
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", default=None)
     args = p.parse_args()

@@ -67,7 +67,7 @@ def build(args: argparse.Namespace, mode: str, device: torch.device):
     with device:  # initialize on the device: a CPU init of hundreds of millions of weights takes seconds
         module = nn.Sequential(*(Layer(args.d_model, args.heads) for _ in range(args.layers)))
     fused = device.type == "cuda"
-    config = OverlapConfig(bucket_elements=args.bucket_size, overlap_param_gather=mode == "zero1_overlap")
+    config = OverlapConfig(bucket_elements=args.bucket_elements, overlap_param_gather=mode == "zero1_overlap")
     if mode == "local":
         return module, torch.optim.AdamW(module.parameters(), lr=1e-4, fused=fused)
     if mode == "ddp":
@@ -217,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("layers", "d_model", "heads", "seq", "batch", "micro", "steps", "warmup"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all modes (interleaved)")
-    parser.add_argument("--bucket-size", type=int, default=40_000_000, help="vla_overlap bucket, elements")
+    parser.add_argument(
+        "--bucket-elements",
+        "--bucket-size",  # the old name, kept working for existing command lines
+        dest="bucket_elements",
+        type=int,
+        default=40_000_000,
+        help="vla_overlap bucket size in elements, not bytes (--bucket-size: deprecated alias)",
+    )
     parser.add_argument("--ddp-bucket-mb", type=float, default=25.0)
     parser.add_argument(
         "--autocast",
