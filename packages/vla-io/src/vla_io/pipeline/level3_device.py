@@ -38,8 +38,9 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return map_tensors(batch, lambda path, t: t if path in HOST_PATHS else t.to(device))
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    """ "auto" -> the current CUDA device when there is one, else CPU; errors name the field."""
+def pipeline_device(device: str | torch.device) -> torch.device:
+    """PipelineConfig.device as a torch device: "auto" -> the current CUDA device when there is one, else
+    CPU; errors name the field."""
     if str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

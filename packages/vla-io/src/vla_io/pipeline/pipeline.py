@@ -22,7 +22,7 @@ from typing import Any
 from .config import PipelineConfig
 from .handoff import WaitStats
 from .level1_workers import load_batch
-from .level3_device import HostToDevice, hand_over, resolve_device, to_device
+from .level3_device import HostToDevice, hand_over, pipeline_device, to_device
 from .producer import Producer
 from .sampler import EpochSampler
 from .skips import SkipLog
@@ -95,7 +95,7 @@ class Pipeline:
             len(dataset), config.batch_size, seed=config.seed, rank=config.rank, world_size=config.world_size,
             shuffle=config.shuffle, drop_last=config.drop_last, window=config.sample_window, bounds=bounds,
         )  # fmt: skip
-        self.device = resolve_device(config.device)
+        self.device = pipeline_device(config.device)
         decode_device = str(getattr(dataset, "decode_device", "cpu"))
         if (
             decode_device != "cpu"
