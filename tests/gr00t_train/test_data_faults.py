@@ -1,5 +1,6 @@
 """Bad data and bad settings name what is wrong: non-finite raw values (with episode and frame), cameras the
-dataset really has, the action feature used as state, and non-finite losses told truthfully per rank."""
+dataset really has, the action feature used as state, and non-finite losses told truthfully per rank; and
+features chosen by data.state_keys / data.action_keys map to their joint groups."""
 
 from __future__ import annotations
 
@@ -51,6 +52,47 @@ def test_the_action_feature_cannot_also_be_state(tmp_path) -> None:
     cfg = _cfg(state_keys=["observation.joints", "action"])
     with pytest.raises(DataError, match=r"data.state_keys: 'action' is the action feature"):
         map_features(cfg, _meta(state=False), tmp_path)
+
+
+def test_state_and_action_keys_choose_non_default_features_as_joint_groups(tmp_path) -> None:
+    """Issue 13: features other than observation.state / action, chosen by the keys, become the joint
+    groups: a `names` dict splits a feature, a flat one is one group, a repeated group name gets its feature's
+    prefix."""
+    meta = _meta()  # observation.state and action exist too: the keys must override the defaults
+    groups = {"arm": ["j0", "j1", "j2", "j3", "j4"], "hand": ["grip"]}
+    meta.features.update(
+        {
+            "observation.joints": {"dtype": "float32", "shape": [6], "names": groups},
+            "observation.velocity": {"dtype": "float32", "shape": [6], "names": groups},
+            "observation.base": {"dtype": "float64", "shape": [3], "names": ["x", "y", "yaw"]},
+            "action.joints": {"dtype": "float32", "shape": [6], "names": groups},
+            "action.base": {"dtype": "float32", "shape": [2]},
+        }
+    )
+    cfg = _cfg(
+        state_keys=["observation.joints", "observation.velocity", "observation.base"],
+        action_keys=["action.base", "action.joints"],
+    )
+    fmap = map_features(cfg, meta, tmp_path)
+    shape = {
+        kind: {name: (g["original_key"], g["start"], g["end"]) for name, g in fmap.modality[kind].items()}
+        for kind in ("state", "action")
+    }
+    assert shape["state"] == {
+        "arm": ("observation.joints", 0, 5),
+        "hand": ("observation.joints", 5, 6),
+        "observation.velocity.arm": ("observation.velocity", 0, 5),
+        "observation.velocity.hand": ("observation.velocity", 5, 6),
+        "observation.base": ("observation.base", 0, 3),
+    }
+    assert shape["action"] == {
+        "action.base": ("action.base", 0, 2),
+        "arm": ("action.joints", 0, 5),
+        "hand": ("action.joints", 5, 6),
+    }
+    assert list(shape["action"]) == ["action.base", "arm", "hand"]  # the order of data.action_keys
+    assert fmap.features("state") == ["observation.joints", "observation.velocity", "observation.base"]
+    assert fmap.features("action") == ["action.base", "action.joints"]
 
 
 def _data(root: Path):

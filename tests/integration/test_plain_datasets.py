@@ -21,9 +21,10 @@ CAMERAS = "front=48x96,wrist=64x64"  # 1:2 and square
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    """v3.0 (flat `names`) and v2.1 (`names` as a dict of joint groups) datasets, written by the CLI."""
+    """v3.0 and v2.0 (flat `names`) and v2.1 (`names` as a dict of joint groups) datasets, written by the
+    CLI; v2.0 has no per-episode statistics."""
     made = {}
-    for version, extra in (("v3.0", []), ("v2.1", ["--grouped-names"])):
+    for version, extra in (("v3.0", []), ("v2.1", ["--grouped-names"]), ("v2.0", [])):
         root = tmp_path_factory.mktemp(f"plain-{version}") / "ds"
         args = ["synth", str(root), "--preset", "tiny", "--version", version, "--codec", "h264",
                 "--cameras", CAMERAS, "--no-modality", "--no-stats", *extra]  # fmt: skip
@@ -43,7 +44,7 @@ def _args(root, out, *sets):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+@pytest.mark.parametrize("version", ["v3.0", "v2.1", "v2.0"])
 def test_plain_read_only_dataset_trains_with_dataset_and_cameras_only(plain, version, tmp_path, losses):
     root = plain[version]
     out = tmp_path / "run"
