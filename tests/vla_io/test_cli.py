@@ -30,6 +30,7 @@ def test_synth_then_info_then_cache(tmp_path, capsys):
     assert main(["info", str(root)]) == 0
     out = capsys.readouterr().out
     assert "LeRobot v3.0" in out and "observation.images.wrist_image" in out and "eef_pos[0:3]" in out
+    assert "`vla-io check` decodes every frame" in out and "files present=1/1" in out  # info does not decode
     assert main(["cache", str(root), "--size", "32", "32"]) == 0
     assert (default_dir(ds, (32, 32)) / "manifest.json").exists() and not list(root.rglob("manifest.json"))
 

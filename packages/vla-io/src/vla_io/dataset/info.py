@@ -15,7 +15,7 @@ def describe(root: str | Path, max_tasks: int = 8) -> str:
     """Layout, sizes, features, tasks, statistics and modality slices of the dataset at `root`."""
     meta = DatasetMeta(root)
     lines = [
-        f"dataset   {meta.root}",
+        f"dataset   {meta.root}  (metadata only: `vla-io check` decodes every frame)",
         f"layout    LeRobot {meta.version}",
         f"fps       {meta.fps:g}",
         f"episodes  {len(meta.episodes)}",
@@ -33,7 +33,7 @@ def describe(root: str | Path, max_tasks: int = 8) -> str:
             info = feature.get("info") or feature.get("video_info") or {}
             files = [ep.videos[key].path for ep in meta.episodes if key in ep.videos]
             present = sum(p.exists() for p in set(files))
-            extra = f"  codec={info.get('video.codec', '?')}  files={present}/{len(set(files))}"
+            extra = f"  codec={info.get('video.codec', '?')}  files present={present}/{len(set(files))}"
             if not present:
                 extra += "  (no files on disk: ignored unless asked for)"
         lines.append(f"  {key:<{width}}  {feature.get('dtype', '?'):<8} {_shape(feature):<10}{extra}")
