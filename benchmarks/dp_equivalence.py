@@ -121,14 +121,7 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=4, help="samples per rank and step")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument(
-        "--bucket-elements",
-        "--bucket-size",  # the old name, kept working for existing command lines
-        dest="bucket_elements",
-        type=int,
-        default=300_000,
-        help="vla_overlap bucket size in elements, not bytes (--bucket-size: deprecated alias)",
-    )
+    p.add_argument("--bucket-elements", type=int, default=300_000, help="vla_overlap bucket size (elements)")
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", default=None)
     args = p.parse_args()

@@ -218,12 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all modes (interleaved)")
     parser.add_argument(
-        "--bucket-elements",
-        "--bucket-size",  # the old name, kept working for existing command lines
-        dest="bucket_elements",
-        type=int,
-        default=40_000_000,
-        help="vla_overlap bucket size in elements, not bytes (--bucket-size: deprecated alias)",
+        "--bucket-elements", type=int, default=40_000_000, help="vla_overlap bucket size (elements)"
     )
     parser.add_argument("--ddp-bucket-mb", type=float, default=25.0)
     parser.add_argument(

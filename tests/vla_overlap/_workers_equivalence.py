@@ -171,26 +171,6 @@ def launched_in_backward(ctx: Any, sharded: bool) -> dict[str, Any]:
     return out
 
 
-def gather_and_clip_agree(ctx: Any) -> dict[str, Any]:
-    """Global grad norm: DistributedAdamW's sharded computation vs torch's on the full DDP gradients."""
-    ours, opt, _, _ = build(ctx, "zero1")
-    ref, ref_opt, _, ref_module = build(ctx, "ddp")
-    for model in (ours, ref):
-        model.zero_grad()
-        x, y = batch(0, 0, ctx.rank, ctx.world_size)
-        F.mse_loss(model(x), y).backward()
-    ref_norm = torch.nn.utils.clip_grad_norm_([p for p in ref_module.parameters() if p.requires_grad], 1e9)
-    inf_norm = opt.clip_grad_norm_(1e9, float("inf"))
-    ref_inf = max(p.grad.abs().max() for p in ref_module.parameters() if p.requires_grad)
-    two_norm = opt.clip_grad_norm_(1e9)  # idempotent grads: a second clip sees the same gradients
-    return {
-        "ours": float(two_norm),
-        "ref": float(ref_norm),
-        "ours_inf": float(inf_norm),
-        "ref_inf": float(ref_inf),
-    }
-
-
 def reentrant_checkpoint(ctx: Any) -> dict[str, Any]:
     """Blocks under reentrant activation checkpointing (nested backward passes) vs DDP without it."""
     out = {}
