@@ -15,7 +15,8 @@ stack and eager for N steps with dropout off on identical batches and reports th
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm` and `ours-full-high-priority` are measured variants of
-`ours-full` (PATCHES).
+`ours-full` (PATCHES). `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
+`parity=ROW` compares another row with eager.
 
     PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/step_variants.py \\
         --json benchmarks/results/step_variants_h200.json
@@ -44,6 +45,7 @@ ROWS = {
     ],
     "ours-full": [*_BF16W, "optimizations.optimizer_overlap=true", "optimizations.flat_optimizer=auto"],
 }
+ROWS["ours-full-fp8"] = [*ROWS["ours-full"], "optimizations.fp8_frozen=true"]
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
 ROWS["ours-full-piece-norm"] = ROWS["ours-full"]
 PATCHES = {  # measured variants of a row, applied to the built Trainer
@@ -164,6 +166,8 @@ def run_free(args, name: str) -> dict:
     config = gr00t_model.GR00TConfig.preset(args.preset)
     with torch.device(args.device):
         model = gr00t_model.GR00TN16(config).train()
+    if args.device == "cuda":
+        model.prepare_frozen_prefix()  # the same model as ours: frozen SigLIP2 MLPs padded (gr00t-train does it)
     batch = _batches(args)[0]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
@@ -197,20 +201,23 @@ def run_free(args, name: str) -> dict:
             "final_loss": float(torch.stack(losses[-10:]).mean())}  # fmt: skip
 
 
-def parity(args, out: Path, env) -> dict:
-    """Full stack vs eager, dropout off, the same batches and random draws: largest relative loss gap."""
+_EAGER = ["optimizations.graph=eager", "optimizations.compile=off", "optimizations.optimizer_overlap=false",
+          "optimizations.flat_optimizer=off"]  # fmt: skip
+
+
+def parity(args, out: Path, env, row: str = "ours-full", cache: dict = {}) -> dict:  # noqa: B006 - per process
+    """`row` vs eager, dropout off, the same batches and random draws: largest relative loss gap. The eager
+    run is shared by every parity row of the process."""
     batches = _batches(args, 4)
-    runs = {}
-    for name, extra in (("parity-eager", ["optimizations.graph=eager", "optimizations.compile=off",
-                                          "optimizations.optimizer_overlap=false",
-                                          "optimizations.flat_optimizer=off"]),
-                        ("parity-full", [])):  # fmt: skip
-        row = run_ours(args, name, [*ROWS["ours-full"], *extra], out, env, batches, steps=args.parity,
-                       dropout=False)  # fmt: skip
-        runs[name] = row["losses"]
-    a, b = runs["parity-eager"], runs["parity-full"]
+    if "eager" not in cache:
+        cache["eager"] = run_ours(args, "parity-eager", [*ROWS["ours-full"], *_EAGER], out, env, batches,
+                                  steps=args.parity, dropout=False)["losses"]  # fmt: skip
+    a = cache["eager"]
+    b = run_ours(args, f"parity-{row}", ROWS[row], out, env, batches, steps=args.parity, dropout=False)[
+        "losses"
+    ]
     gaps = [abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)]
-    return {"steps": len(gaps), "max_rel_diff": max(gaps), "mean_rel_diff": sum(gaps) / len(gaps),
+    return {"row": row, "steps": len(gaps), "max_rel_diff": max(gaps), "mean_rel_diff": sum(gaps) / len(gaps),
             "eager_first_last": [a[0], a[-1]], "full_first_last": [b[0], b[-1]]}  # fmt: skip
 
 
@@ -228,9 +235,11 @@ def main() -> None:
         for name in args.rows.split(","):
             started = time.perf_counter()
             try:
-                if name == "parity":
-                    result["parity"] = parity(args, out, env)
-                    print("parity", result["parity"], flush=True)
+                if name.startswith("parity"):
+                    compared = name.partition("=")[2] or "ours-full"
+                    key = "parity" if compared == "ours-full" else f"parity_{compared}"
+                    result[key] = parity(args, out, env, compared)
+                    print(key, result[key], flush=True)
                 elif name.startswith("profile-ops"):
                     profiled = name.partition("=")[2] or "ours-full"
                     result.setdefault("ops_ms", {})[profiled] = found = profile_ops(args, out, env, profiled)

@@ -135,3 +135,27 @@ def test_tiny_model_trains_and_resumes_bit_exactly(tmp_path, env, tokenizer) -> 
     assert [r["loss"] for r in rows] == reference  # the flow-matching noise and time are restored too
     row = rows[-1]
     assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * (28 + 2 * (7 + 4) + 17))
+
+
+def test_fp8_frozen_trains_and_saves_plain_weights(tmp_path, env, tokenizer) -> None:
+    """optimizations.fp8_frozen: the frozen prefix's linears become FP8 (CPU runs _scaled_mm too), the run
+    trains, and its checkpoint holds the ordinary weights (it loads into a model without FP8)."""
+    from gr00t_model._frozen_linear import FrozenLinear
+
+    cfg = _cfg(tmp_path, "steps=3", "optimizations.fp8_frozen=true")
+    parts = _parts(cfg, tokenizer)
+    assert any(isinstance(m, FrozenLinear) and m.fp8 for m in parts.model.backbone.vision_model.modules())
+    Trainer(cfg, parts, env).fit()
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run/metrics.jsonl").open()]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+    plain = adapter.build_model(_cfg(tmp_path), CPU, tokenizer)
+    adapter.load_model_in_place(plain, tmp_path / "run/checkpoints/step_000003")
+    assert all(
+        torch.equal(a, b) for a, b in zip(parts.model.state_dict().values(), plain.state_dict().values())
+    )
+
+
+def test_fp8_frozen_needs_a_frozen_vision_side(tmp_path, tokenizer) -> None:
+    cfg = _cfg(tmp_path, "optimizations.fp8_frozen=true", "model.tune_visual=true")
+    with pytest.raises(ConfigError, match="optimizations.fp8_frozen: the vision tower or connector trains"):
+        adapter.build_model(cfg, CPU, tokenizer)

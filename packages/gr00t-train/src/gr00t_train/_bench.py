@@ -44,6 +44,8 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ optimizer overlap", ["optimizations.optimizer_overlap=true"]),
     # auto: the Triton kernel on CUDA; on a CPU (no Triton step) this row repeats the one before
     ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=auto"]),
+    # the stretch row: FP8 GEMMs for the frozen prefix change the numerics (its own loss-parity run)
+    ("+ FP8 frozen prefix (stretch)", ["optimizations.fp8_frozen=true"]),
 ]
 """(row name, the switches it changes on top of the previous row)."""
 

@@ -186,6 +186,10 @@ class OptimizationsConfig(_Section):
     """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
     the optimizer, which writes the bf16 copy; gradients accumulate in fp32. The same numbers as fp32 weights
     under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and precision bf16."""
+    fp8_frozen: bool = False
+    """Compute the frozen prefix's linear layers (SigLIP2 encoder, connector, frozen Qwen3 layers) in FP8
+    with rowwise scales, weights quantized once at start (CUDA with compute capability 8.9+). Changes the
+    numerics, so it is off by default and has its own loss-parity row; needs the vision side frozen."""
     flat_optimizer: Literal["auto", "on", "off"] = "auto"
     """DistributedAdamW's one-pass Triton step: per gradient bucket, one kernel reads the gradient (clipped on
     the fly), updates the moments and the fp32 master and writes the bf16 weight (15.1 ms for n1.6-3b on an

@@ -44,6 +44,16 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
 
 def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
     """A fresh model of `model.preset` (same weights on every rank: seeded), or `model.checkpoint` loaded."""
+    if (
+        cfg.optimizations.fp8_frozen
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device) < (8, 9)
+    ):
+        raise ConfigError(
+            "optimizations.fp8_frozen",
+            f"FP8 GEMMs need compute capability 8.9 or newer (Ada, Hopper); "
+            f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}",
+        )
     overrides = model_overrides(cfg, device, tokenizer)
     if cfg.model.checkpoint:
         if cfg.model.tokenizer is None:
@@ -52,7 +62,9 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
                 "starting from model.checkpoint needs the tokenizer those weights were trained with "
                 "(a local Hugging Face tokenizer directory, e.g. the release's Qwen3 tokenizer)",
             )
-        return gr00t_model.from_pretrained(cfg.model.checkpoint, device=device, **overrides)
+        return _prepare_frozen(
+            cfg, gr00t_model.from_pretrained(cfg.model.checkpoint, device=device, **overrides), device
+        )
     try:
         config = GR00TConfig.preset(cfg.model.preset, **overrides)
     except ValueError as err:
@@ -65,7 +77,28 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     with torch.device(device):
         model = GR00TN16(config)
-    return model.train()
+    return _prepare_frozen(cfg, model.train(), device)
+
+
+def _prepare_frozen(cfg: TrainConfig, model: GR00TN16, device: torch.device) -> GR00TN16:
+    """On CUDA, the frozen SigLIP2 MLPs padded to a GEMM-friendly width (the same result); with
+    optimizations.fp8_frozen, the frozen prefix's linear layers in FP8 (GR00TN16.prepare_frozen_prefix)."""
+    fp8 = cfg.optimizations.fp8_frozen
+    if device.type != "cuda" and not fp8:
+        return model
+    done = model.prepare_frozen_prefix(fp8=fp8)
+    if fp8 and done["fp8_linears"] == 0:
+        raise ConfigError(
+            "optimizations.fp8_frozen",
+            "the vision tower or connector trains (model.tune_visual), so no frozen prefix runs without "
+            "gradients; FP8 GEMMs have no backward",
+        )
+    log.info(
+        "frozen prefix: %d SigLIP2 MLPs padded, %d linear layers in FP8",
+        done["padded_mlps"],
+        done["fp8_linears"],
+    )
+    return model
 
 
 def gr00t_loss(module: torch.nn.Module, batch: dict, prefix=None) -> torch.Tensor:

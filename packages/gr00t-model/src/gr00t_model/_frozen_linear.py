@@ -1,0 +1,160 @@
+"""Frozen linear layers whose weights are prepared once for a faster GEMM: padded, and optionally in FP8.
+
+A frozen `nn.Linear` reads the same weight every step, so what its GEMM reads can be prepared ahead:
+
+- Padding. SigLIP2's MLP is 4304 wide, not a multiple of 128. Compiled, its down-projection (K = 4304) does
+  not get cuBLAS's fused-bias kernel: the bias is first broadcast-copied into the output and the GEMM adds
+  onto it (a 24 MB copy per layer at batch 16, two cameras). With the up-projection's outputs and the
+  down-projection's inputs padded with zeros to 4352, both GEMMs take fused-bias kernels and the activation
+  between (gelu(0) = 0) carries zeros: the same result, bit for bit on an H200, 1.9 ms less per step
+  (benchmarks/frozen_probe.py).
+- FP8 (opt-in). Weights in float8 e4m3 with one scale per output row; activations quantized per row as they
+  arrive (under torch.compile the scale and cast fuse into the kernel that produced them); `torch._scaled_mm`
+  multiplies with fp32 accumulation and writes bf16. 810-1090 TFLOP/s on an H200 against 580-730 in bf16. It
+  changes the numerics (3 mantissa bits per operand where bf16 has 7), so a loss-parity run vouches for it;
+  `_scaled_mm` has no backward, so only layers run without gradients (the frozen prefix) may use it. On a
+  CPU the same product is computed from the dequantized operands (no speed-up there; for tests and debugging).
+
+The module keeps the original `weight` and `bias` parameters (names, state dict and checkpoints do not
+change). The prepared tensors are plain attributes, not buffers (torch DDP would broadcast buffers, and gloo
+has no fp8), derived by `refresh()`, which runs after any `load_state_dict` into the module and after `.to()`;
+it writes in place where it can, so captured CUDA graphs stay valid.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3fn value
+ALIGN = 16  # _scaled_mm needs both matrix sides divisible by 16
+TILE = 128  # cuBLAS's Hopper GEMM tile width
+
+
+class FrozenLinear(nn.Module):
+    """A frozen nn.Linear computed from a prepared weight: `pad_in` zero input columns (the input arrives that
+    much wider, its extra entries zero), `pad_out` zero output rows (the output is that much wider, zeros
+    there plus a zero bias), and with `fp8` an FP8 GEMM with rowwise scales (module docstring)."""
+
+    def __init__(self, linear: nn.Linear, *, pad_in: int = 0, pad_out: int = 0, fp8: bool = False) -> None:
+        super().__init__()
+        if any(p.requires_grad for p in linear.parameters()):
+            raise ValueError(
+                "FrozenLinear wraps frozen layers only: this nn.Linear has a trainable parameter"
+            )
+        if fp8 and not fp8_fits(linear.in_features + pad_in, linear.out_features + pad_out):
+            raise ValueError(
+                f"an FP8 FrozenLinear needs both sizes divisible by {ALIGN}, got "
+                f"{linear.in_features + pad_in}x{linear.out_features + pad_out}"
+            )
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.pad_in, self.pad_out, self.fp8 = pad_in, pad_out, fp8
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh())
+        self.refresh()
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}+{self.pad_in}, out_features={self.out_features}+{self.pad_out}, "
+            f"fp8={self.fp8}"
+        )
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Prepare the GEMM's operands from the current weight and bias (after they changed)."""
+        weight = F.pad(self.weight, (0, self.pad_in, 0, self.pad_out))
+        bias = None if self.bias is None else F.pad(self.bias, (0, self.pad_out))
+        if self.fp8:
+            scale = weight.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+            prepared = {"fp8_weight": (weight.float() / scale).to(FP8), "fp8_scale": scale.reshape(1, -1)}
+        else:
+            prepared = {"prepared_weight": weight}
+        prepared["prepared_bias"] = bias
+        for name, value in prepared.items():
+            old = getattr(self, name, None)
+            if (
+                value is not None
+                and old is not None
+                and old.shape == value.shape
+                and old.device == value.device
+            ):
+                old.copy_(value)
+            else:
+                setattr(self, name, None if value is None else value.contiguous())
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.refresh()  # follow the weight's device and dtype
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fp8:
+            return F.linear(x, self.prepared_weight, self.prepared_bias)
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        rows = x.reshape(-1, x.shape[-1]).float()
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+        bias = None if self.prepared_bias is None else self.prepared_bias.to(dtype)
+        quantized = (rows / scale).to(FP8)
+        if x.is_cuda:
+            out = torch._scaled_mm(
+                quantized,
+                self.fp8_weight.t(),
+                scale_a=scale,
+                scale_b=self.fp8_scale,
+                bias=bias,
+                out_dtype=dtype,
+            )
+        else:  # the same product from the dequantized operands (CPU _scaled_mm takes only per-tensor scales)
+            weight = self.fp8_weight.float() * self.fp8_scale.reshape(-1, 1)
+            out = ((quantized.float() * scale) @ weight.t()).to(dtype)
+            out = out if bias is None else out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def fp8_fits(in_features: int, out_features: int) -> bool:
+    return in_features % ALIGN == 0 and out_features % ALIGN == 0
+
+
+def is_frozen_linear(module: nn.Module) -> bool:
+    """A plain nn.Linear (or subclass) whose parameters are all frozen."""
+    return isinstance(module, nn.Linear) and not any(p.requires_grad for p in module.parameters())
+
+
+def pad_mlp(mlp: nn.Module, up: str = "fc1", down: str = "fc2") -> bool:
+    """Pad a frozen MLP's hidden width to a multiple of TILE: `up`'s outputs and `down`'s inputs (the activation
+    between must map 0 to 0). False, unchanged, when it is already aligned or either layer trains."""
+    fc1, fc2 = getattr(mlp, up), getattr(mlp, down)
+    extra = -fc1.out_features % TILE
+    if extra == 0 or not (is_frozen_linear(fc1) and is_frozen_linear(fc2)):
+        return False
+    setattr(mlp, up, FrozenLinear(fc1, pad_out=extra))
+    setattr(mlp, down, FrozenLinear(fc2, pad_in=extra))
+    return True
+
+
+def use_fp8(scopes: list[nn.Module]) -> int:
+    """Every frozen linear layer under `scopes` whose sizes FP8 takes computes in FP8 (an nn.Linear becomes a
+    FrozenLinear, a FrozenLinear keeps its padding). The caller guarantees that they run without gradients.
+    Returns how many layers compute in FP8."""
+    count = 0
+    for scope in scopes:
+        for name, child in list(scope.named_modules()):
+            if not name:
+                continue
+            if isinstance(child, FrozenLinear):
+                wide = (child.in_features + child.pad_in, child.out_features + child.pad_out)
+                if not child.fp8 and fp8_fits(*wide):
+                    child.fp8 = True
+                    child.prepared_weight = None
+                    child.refresh()
+                count += child.fp8
+            elif is_frozen_linear(child) and fp8_fits(child.in_features, child.out_features):
+                parent_name, _, attr = name.rpartition(".")
+                parent = scope.get_submodule(parent_name) if parent_name else scope
+                setattr(parent, attr, FrozenLinear(child, fp8=True))
+                count += 1
+    return count
