@@ -114,6 +114,7 @@ def test_model_prepares_the_frozen_prefix_only() -> None:
     assert all(name.startswith(allowed) for name in fp8)
     assert any(name.startswith("backbone.language_model.layers.") for name in fp8)
     assert any(name.endswith("mlp.fc1") for name in fp8)  # a padded layer turned FP8 too
+    assert not any(name.startswith("backbone.vision_model") and name.endswith("mlp.fc2") for name in fp8)
     assert torch.isfinite(out) and out != ref and abs(out - ref) / ref < 0.1
     trainable = GR00TN16(GR00TConfig.preset("tiny", tune_visual=True))
     # nothing frozen to pad, and nothing runs before a trainable weight

@@ -52,7 +52,7 @@ def test_every_mode_trains_on_the_gpu(dataset, tmp_path, train_args, losses, com
 
 def test_gpu_bench_ladder_runs(dataset, tmp_path) -> None:
     import gr00t_train
-    from gr00t_train._bench import format_table, run_ladder
+    from gr00t_train._bench import LADDER, format_table, run_ladder
 
     base = gr00t_train.load_config(
         preset="libero",
@@ -60,7 +60,7 @@ def test_gpu_bench_ladder_runs(dataset, tmp_path) -> None:
                    "data.num_workers=1", f"output_dir={tmp_path}", "logging.progress=false"],
     )  # fmt: skip
     result = run_ladder(base, steps=3, warmup=4)
-    assert result["rows"][0]["row"].startswith("baseline") and len(result["rows"]) == 9
+    assert result["rows"][0]["row"].startswith("baseline") and len(result["rows"]) == len(LADDER)
     assert result["rows"][4]["graph_backend"] == "cuda_graph" and "kernel_families_ms" in result["rows"][-1]
     assert all(r["mfu"] is None or r["mfu"] > 0 for r in result["rows"])
     assert "speedup" in format_table(result)

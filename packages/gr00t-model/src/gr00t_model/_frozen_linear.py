@@ -10,7 +10,8 @@ A frozen `nn.Linear` reads the same weight every step, so what its GEMM reads ca
   (benchmarks/frozen_probe.py).
 - FP8 (opt-in). Weights in float8 e4m3 with one scale per output row; activations quantized per row as they
   arrive (under torch.compile the scale and cast fuse into the kernel that produced them); `torch._scaled_mm`
-  multiplies with fp32 accumulation and writes bf16. 810-1090 TFLOP/s on an H200 against 580-730 in bf16. It
+  multiplies with fp32 accumulation and writes bf16. 810-1090 TFLOP/s on an H200 against 580-730 in bf16,
+  though quantizing an activation costs a pass over it where no earlier kernel absorbs it. It
   changes the numerics (3 mantissa bits per operand where bf16 has 7), so a loss-parity run vouches for it;
   `_scaled_mm` has no backward, so only layers run without gradients (the frozen prefix) may use it. On a
   CPU the same product is computed from the dequantized operands (no speed-up there; for tests and debugging).
@@ -136,14 +137,14 @@ def pad_mlp(mlp: nn.Module, up: str = "fc1", down: str = "fc2") -> bool:
     return True
 
 
-def use_fp8(scopes: list[nn.Module]) -> int:
-    """Every frozen linear layer under `scopes` whose sizes FP8 takes computes in FP8 (an nn.Linear becomes a
-    FrozenLinear, a FrozenLinear keeps its padding). The caller guarantees that they run without gradients.
-    Returns how many layers compute in FP8."""
+def use_fp8(scopes: list[nn.Module], exclude: tuple[str, ...] = ()) -> int:
+    """Every frozen linear layer under `scopes` whose sizes FP8 takes, and whose name within its scope does
+    not end with one of `exclude`, computes in FP8 (an nn.Linear becomes a FrozenLinear, a FrozenLinear keeps
+    its padding). The caller guarantees that they run without gradients. Returns how many layers changed."""
     count = 0
     for scope in scopes:
         for name, child in list(scope.named_modules()):
-            if not name:
+            if not name or name.endswith(exclude):
                 continue
             if isinstance(child, FrozenLinear):
                 wide = (child.in_features + child.pad_in, child.out_features + child.pad_out)
