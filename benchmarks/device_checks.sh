@@ -4,8 +4,9 @@
 #   tests   the whole GPU suite: `pytest tests -m gpu` (its pass line goes into BENCHMARKS.md with the date)
 #   ladder  one run of the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
 #   all     both (default), tests first
-#   speed   our full step side by side with torch.compile(mode="reduce-overhead") on a fixed batch, then the
-#           200-step loss parity of the full stack against eager (benchmarks/step_variants.py; about 8 min)
+#   speed   our full step (and with FP8 for the frozen prefix) side by side with torch.compile(mode=
+#           "reduce-overhead") on a fixed batch, then the 200-step loss parity of both against eager
+#           (benchmarks/step_variants.py; about 10 min)
 #   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py)
 #   parity  300 steps with fp32 (twice) and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
 #   zero1   the captured-sync check at every GPU (tests/integration/_graph_overlap_check.py), then how often each
@@ -80,7 +81,7 @@ if [ "$what" = parity ]; then
   tail -n 6 "$out/parity.log"
 fi
 if [ "$what" = speed ]; then
-  python3 benchmarks/step_variants.py --rows ours-full,free-reduce-overhead,parity --steps 30 --warmup 5 \
+  python3 benchmarks/step_variants.py --rows ours-full,ours-full-fp8,free-reduce-overhead,parity,parity=ours-full-fp8 --steps 30 --warmup 5 \
     --json "$out/step_variants_h200_$day.json" > "$out/step_variants.log" 2>&1 || status=1
   tail -n 20 "$out/step_variants.log"
 fi

@@ -1,8 +1,8 @@
 """The benchmark commands on the CPU with the tiny model, so a GPU session does not find them broken:
 `gr00t-train bench` (the baseline row runs `--baseline-runs` times, in folders of its own, and the run of
 median samples/s is the one the speedups divide by: the baseline is host-bound and varies between runs far
-more than the graphed rows), benchmarks/train_scaling.py, benchmarks/grad_reduce_parity.py and
-benchmarks/zero1_graph_probe.py (gloo)."""
+more than the graphed rows), benchmarks/train_scaling.py, benchmarks/grad_reduce_parity.py,
+benchmarks/zero1_graph_probe.py (gloo) and benchmarks/step_variants.py."""
 
 from __future__ import annotations
 
@@ -106,3 +106,27 @@ def test_zero1_graph_probe_runs_every_variant_on_cpu() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.endswith("differ")]
     assert len(lines) == 6 * 5 and all(line.endswith(": 0 of 1 differ") for line in lines), done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_step_variants_runs_a_row_and_a_parity_row_on_cpu(tmp_path) -> None:
+    """benchmarks/step_variants.py with the tiny model on the CPU (graphs emulated, nothing compiled): a row
+    and a `parity=ROW` row, so a GPU session finds the side-by-side script working. In its own process: it
+    sets TF32 globally, as a benchmark may."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "step_variants.py"
+    out = tmp_path / "variants.json"
+    command = [sys.executable, str(script), "--device", "cpu", "--preset", "tiny", "--batch", "2",
+               "--rows", "ours-graphs,parity=ours-graphs", "--steps", "2", "--warmup", "1", "--parity", "3",
+               "--json", str(out)]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "errors" not in result, result["errors"]
+    (row,) = result["rows"]
+    assert row["row"] == "ours-graphs" and row["samples_per_s"] > 0 and len(row["losses"]) == 3
+    parity = result["parity_ours-graphs"]
+    assert parity["steps"] == 3 and parity["max_rel_diff"] >= parity["mean_rel_diff"] >= 0
+    assert parity["max_rel_diff"] < 1e-3  # the same fp32 arithmetic on the CPU, eager vs emulated graphs
