@@ -205,14 +205,17 @@ _EAGER = ["optimizations.graph=eager", "optimizations.compile=off", "optimizatio
           "optimizations.flat_optimizer=off"]  # fmt: skip
 
 
-def parity(args, out: Path, env, row: str = "ours-full", cache: dict = {}) -> dict:  # noqa: B006 - per process
-    """`row` vs eager, dropout off, the same batches and random draws: largest relative loss gap. The eager
-    run is shared by every parity row of the process."""
+_EAGER_LOSSES: dict[str, list[float]] = {}
+"""The eager parity run's losses, shared by every parity row of the process."""
+
+
+def parity(args, out: Path, env, row: str = "ours-full") -> dict:
+    """`row` vs eager, dropout off, the same batches and random draws: largest relative loss gap."""
     batches = _batches(args, 4)
-    if "eager" not in cache:
-        cache["eager"] = run_ours(args, "parity-eager", [*ROWS["ours-full"], *_EAGER], out, env, batches,
+    if "eager" not in _EAGER_LOSSES:
+        _EAGER_LOSSES["eager"] = run_ours(args, "parity-eager", [*ROWS["ours-full"], *_EAGER], out, env, batches,
                                   steps=args.parity, dropout=False)["losses"]  # fmt: skip
-    a = cache["eager"]
+    a = _EAGER_LOSSES["eager"]
     b = run_ours(args, f"parity-{row}", ROWS[row], out, env, batches, steps=args.parity, dropout=False)[
         "losses"
     ]

@@ -40,7 +40,11 @@ class FrozenLinear(nn.Module):
     much wider, its extra entries zero), `pad_out` zero output rows (the output is that much wider, zeros
     there plus a zero bias), and with `fp8` an FP8 GEMM with rowwise scales (module docstring)."""
 
-    def __init__(self, linear: nn.Linear, *, pad_in: int = 0, pad_out: int = 0, fp8: bool = False) -> None:
+    def __init__(
+        self, linear: nn.Linear | FrozenLinear, *, pad_in: int = 0, pad_out: int = 0, fp8: bool = False
+    ) -> None:
+        """`linear`: the layer whose `weight` and `bias` parameters this one computes with (an nn.Linear, or
+        a FrozenLinear being re-prepared)."""
         super().__init__()
         if any(p.requires_grad for p in linear.parameters()):
             raise ValueError(
@@ -140,24 +144,24 @@ def pad_mlp(mlp: nn.Module, up: str = "fc1", down: str = "fc2") -> bool:
 
 def use_fp8(scopes: list[nn.Module], exclude: tuple[str, ...] = ()) -> int:
     """Every frozen linear layer under `scopes` whose sizes FP8 takes, and whose name within its scope does
-    not end with one of `exclude`, computes in FP8 (an nn.Linear becomes a FrozenLinear, a FrozenLinear keeps
-    its padding). The caller guarantees that they run without gradients. Returns how many layers under
-    `scopes` compute in FP8 after the call."""
+    not end with one of `exclude`, computes in FP8 (an nn.Linear or a padded FrozenLinear is replaced by an
+    FP8 FrozenLinear with the same parameters and padding). The caller guarantees that they run without
+    gradients. Returns how many layers under `scopes` compute in FP8 after the call."""
     count = 0
     for scope in scopes:
         for name, child in list(scope.named_modules()):
-            if not name or name.endswith(exclude):
+            if (
+                not name
+                or name.endswith(exclude)
+                or not (is_frozen_linear(child) or isinstance(child, FrozenLinear))
+            ):
                 continue
-            if isinstance(child, FrozenLinear):
-                wide = (child.in_features + child.pad_in, child.out_features + child.pad_out)
-                if not child.fp8 and fp8_fits(*wide):
-                    child.fp8 = True
-                    child.prepared_weight = None
-                    child.refresh()
-                count += child.fp8
-            elif is_frozen_linear(child) and fp8_fits(child.in_features, child.out_features):
+            pad_in, pad_out = getattr(child, "pad_in", 0), getattr(child, "pad_out", 0)
+            if not getattr(child, "fp8", False):
+                if not fp8_fits(child.in_features + pad_in, child.out_features + pad_out):
+                    continue
                 parent_name, _, attr = name.rpartition(".")
                 parent = scope.get_submodule(parent_name) if parent_name else scope
-                setattr(parent, attr, FrozenLinear(child, fp8=True))
-                count += 1
+                setattr(parent, attr, FrozenLinear(child, pad_in=pad_in, pad_out=pad_out, fp8=True))
+            count += 1
     return count
