@@ -25,11 +25,13 @@ same step run without graphs. `ours-full-piece-norm` and `ours-full-high-priorit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -45,15 +47,54 @@ ROWS = {
     ],
     "ours-full": [*_BF16W, "optimizations.optimizer_overlap=true", "optimizations.flat_optimizer=auto"],
 }
+ROWS["ours-serial"] = [*_BF16W, "optimizations.flat_optimizer=auto"]  # the flat update on the compute stream
 ROWS["ours-full-fp8"] = [*ROWS["ours-full"], "optimizations.fp8_frozen=true"]
 ROWS["ours-full-high-priority"] = ROWS["ours-full"]
 ROWS["ours-full-piece-norm"] = ROWS["ours-full"]
+ROWS["ours-full-unaligned"] = ROWS["ours-full"]
+ROWS["ours-full-torch-norm"] = ROWS["ours-full"]
+ROWS["ours-full-fp32-grads"] = ROWS["ours-full"]
 PATCHES = {  # measured variants of a row, applied to the built Trainer
     # the optimizer's side stream at a higher priority
     "ours-full-high-priority": lambda t: setattr(t.updates, "_stream", torch.cuda.Stream(priority=-1)),
     # the clipping norm summed per parameter piece (torch's order) instead of per bucket shard
     "ours-full-piece-norm": lambda t: setattr(t.model.optimizer, "_shards_are_pieces", False),
+    # the flat step's blocks exactly on the runs, 4-byte accesses (before the fifth pass)
+    "ours-full-unaligned": lambda t: _unaligned_blocks(t.model.optimizer.flat),
+    # the clipping norm by torch's vector_norm per shard (before the fifth pass)
+    "ours-full-torch-norm": lambda t: setattr(
+        t.model.optimizer.flat, "grad_norm", _torch_norm(t.model.optimizer.flat)
+    ),
 }
+
+BUILT_WITH = {  # variants that must be in place while the Trainer is built
+    # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
+    "ours-full-fp32-grads": lambda: mock.patch(
+        "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
+    ),
+}
+
+
+def _unaligned_blocks(flat) -> None:
+    from vla_overlap._flat_adamw import BLOCK
+
+    for bucket in flat.buckets:
+        exact = [
+            (at, min(BLOCK, end - at), row)
+            for start, end, row in bucket["runs"]
+            for at in range(start, end, BLOCK)
+        ]
+        bucket["blocks"], bucket["align"] = torch.tensor(exact, device=bucket["master"].device), 1
+
+
+def _torch_norm(flat):
+    def grad_norm(norm_type: float) -> torch.Tensor:
+        norms = [torch.linalg.vector_norm(bucket["grad"], norm_type) for bucket in flat.buckets]
+        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+
+    return grad_norm
+
+
 FREE = ("free-eager", "free-reduce-overhead")
 
 
@@ -139,7 +180,8 @@ def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout
     if not dropout:
         parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
     _cuda("reset_peak_memory_stats")
-    trainer = gr00t_train.Trainer(cfg, parts, env)
+    with BUILT_WITH.get(name, contextlib.nullcontext)():
+        trainer = gr00t_train.Trainer(cfg, parts, env)
     if name in PATCHES:
         PATCHES[name](trainer)
     summary = trainer.fit()
@@ -243,6 +285,9 @@ def main() -> None:
                     key = "parity" if compared == "ours-full" else f"parity_{compared}"
                     result[key] = parity(args, out, env, compared)
                     print(key, result[key], flush=True)
+                elif name == "update-alone":
+                    result["update_alone"] = update_alone(args, out, env)
+                    print("update alone", result["update_alone"], flush=True)
                 elif name.startswith("profile-ops"):
                     profiled = name.partition("=")[2] or "ours-full"
                     result.setdefault("ops_ms", {})[profiled] = found = profile_ops(args, out, env, profiled)
@@ -290,6 +335,52 @@ def profile_row(args, out: Path, env, row: str, active: int = 3) -> dict:
         args.trace.mkdir(parents=True, exist_ok=True)
         trace = args.trace / f"trace_{row}.json.gz"
     _, found = profile_steps(trainer, skip=args.warmup + 3, active=active, trace=trace)
+    trainer.parts.model.uncompile_blocks()
+    del trainer
+    gc.collect()
+    _cuda("empty_cache")
+    return found
+
+
+def update_alone(args, out: Path, env, reps: int = 10) -> dict:
+    """The update's passes timed alone after a few steps of the serial row (ms per call), and the same
+    kernel over fresh buffers of the same size: is the update slower inside a step than on its own?"""
+    import gr00t_train
+    from vla_overlap._flat_adamw_kernel import adamw_flat
+
+    cfg = _config(args, "update-alone", ROWS["ours-serial"], args.warmup, out)
+    trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)
+    trainer.fit()
+    flat = trainer.model.optimizer.flat
+
+    def timed(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+
+    found = {
+        "elements": sum(b["master"].numel() for b in flat.buckets),
+        "buckets": len(flat.buckets),
+        "aligned_buckets": sum(b.get("align", 1) > 1 for b in flat.buckets),
+        "grad_norm_ms": timed(lambda: flat.grad_norm(2.0)),
+        "flat_step_ms": timed(lambda: flat.step(None)),
+    }
+    n = found["elements"]
+    fresh = [torch.zeros(n, device="cuda") for _ in range(4)]
+    out_bf16 = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
+    blocks = torch.stack([torch.arange(0, n, 1024, device="cuda"), torch.full((-(-n // 1024),), 1024, device="cuda"),
+                          torch.zeros(-(-n // 1024), dtype=torch.long, device="cuda")], 1)  # fmt: skip
+    blocks[-1, 1] = n - blocks[-1, 0]
+    table = flat.table(torch.device("cuda"))
+    found["one_run_fresh_buffers_ms"] = timed(
+        lambda: adamw_flat(*fresh, out_bf16, blocks, table, None, align=64)
+    )
     trainer.parts.model.uncompile_blocks()
     del trainer
     gc.collect()

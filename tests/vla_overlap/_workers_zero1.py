@@ -150,3 +150,26 @@ def flat_adamw(ctx: Any, steps: int = 3, micro: int = 2) -> dict[str, Any]:
         float(flat[key].abs().sum()) for flat in opt.flat.buckets for key in ("exp_avg", "exp_avg_sq")
     ]
     return out
+
+
+def narrow_grads(ctx: Any, steps: int = 3) -> dict[str, Any]:
+    """The flat step reading bf16 gradient buffers in place (grad_reduce_dtype=None) vs fp32 buffers, at one
+    rank and one microbatch (nothing accumulates), bf16 parameters with fp32 masters, with clipping."""
+    out = {}
+    for dtype in (torch.float32, None):
+        module = bf16_model(mixed=True)
+        config = OverlapConfig(bucket_elements=600, grad_reduce_dtype=dtype)
+        model = OverlapDataParallel(module, config, process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": "torch"})
+        norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), 1, autocast=True, clip=0.05,
+                          dtype=torch.bfloat16)  # fmt: skip
+        out[str(dtype)] = {
+            "params": params_of(module),
+            "norms": norms,
+            "masters": [m.clone() for m in opt.masters],
+            "grad_dtypes": sorted({str(g.dtype) for g in opt._grad_shards}),
+            "in_place": all(
+                g.data_ptr() == model._grads.shard_view(b).data_ptr() for b, g in enumerate(opt._grad_shards)
+            ),
+        }
+    return out

@@ -27,3 +27,42 @@ def test_flat_step_matches_torch_adamw_and_state_dicts_cross_over(pool) -> None:
                 )
         assert rank_result["lazy_moments"] and rank_result["state_before_step"] == []
         assert rank_result["moments_after_fresh_load"] and not any(rank_result["moments_after_fresh_load"])
+
+
+def test_blocks_widen_over_padding_only_when_the_layout_is_aligned() -> None:
+    """The kernel's blocks: runs starting at multiples of ALIGN (as the layout places parameters) widen to the
+    next multiple, never into the next run or past the shard; a run that starts off the alignment, or a shard
+    of another length, keeps every block exact (alignment 1)."""
+    from vla_overlap._flat_adamw import ALIGN, plan_blocks
+    from vla_overlap._layout import PARAM_ALIGN
+
+    assert PARAM_ALIGN % ALIGN == 0  # what the widening relies on
+    runs = [(0, 1000, 0), (1024, 1100, 1), (1152, 3000, 0)]
+    blocks, align = plan_blocks(runs, 3072, block=1024)
+    assert align == ALIGN == 64
+    assert blocks == [(0, 1024, 0), (1024, 128, 1), (1152, 1024, 0), (2176, 832, 0)]
+    covered = [(start, start + length) for start, length, _ in blocks]
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(covered, covered[1:])) and covered[-1][1] <= 3072
+    assert all(start % 64 == 0 and length % 64 == 0 for start, length, _ in blocks)
+    for ragged_runs, length in ((runs, 3000), ([(0, 100, 0), (100, 300, 1)], 320)):
+        blocks, align = plan_blocks(ragged_runs, length, block=1024)
+        assert align == 1
+        exact = [(at, min(1024, e - at), r) for s, e, r in ragged_runs for at in range(s, e, 1024)]
+        assert blocks == exact
+
+
+def test_flat_step_reads_bf16_gradient_buffers_in_place_with_the_same_result(pool) -> None:
+    """bf16 gradient buffers (grad_reduce_dtype=None) at one rank and one microbatch: the flat step reads them
+    where they are, no fp32 copy, and gives the fp32 buffers' result bit for bit. Every buffered value is
+    autograd's bf16 gradient either way and widening is exact, so the norm, the clipping and the update see
+    the same numbers."""
+    (result,) = pool.run("narrow_grads", 1)
+    wide, narrow = result["torch.float32"], result["None"]
+    assert wide["norms"][0] > 0.05, "the clip threshold must actually clip"
+    assert "torch.bfloat16" in narrow["grad_dtypes"] and narrow["in_place"]
+    assert wide["grad_dtypes"] == ["torch.float32"]
+    assert narrow["norms"] == wide["norms"]
+    for a, b in zip(narrow["masters"], wide["masters"]):
+        assert torch.equal(a, b)
+    for name, value in wide["params"].items():
+        assert torch.equal(narrow["params"][name], value), name

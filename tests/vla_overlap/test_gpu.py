@@ -192,46 +192,73 @@ def test_update_stream_fence_holds_back_a_replayed_graph() -> None:
         assert torch.all(y == 2 * value), value
 
 
-def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic() -> None:
-    """The Triton kernel of DistributedAdamW's flat step vs the same arithmetic in torch ops, on random flat
-    buffers: runs of two table rows (one longer than a block, one ragged), a gap between runs (padding, left
-    untouched), clipping and a bf16 copy. Tolerance: the kernel may fuse multiply-adds (one rounding instead
-    of two) where torch rounds twice, a few fp32 ulps after one step."""
-    from vla_overlap._flat_adamw import BLOCK, _torch_step, _triton_step
+_RAGGED = [(0, 2 * 1024 + 100, 0), (2 * 1024 + 100, 2 * 1024 + 1000, 1), (2 * 1024 + 1064, 3 * 1024 + 123, 0)]
+_ALIGNED = [
+    (0, 2 * 1024 + 100, 0),
+    (2 * 1024 + 128, 2 * 1024 + 1000, 1),
+    (2 * 1024 + 1024, 3 * 1024 + 123, 0),
+]
 
-    runs = [
-        (0, 2 * BLOCK + 100, 0),
-        (2 * BLOCK + 100, 2 * BLOCK + 1000, 1),
-        (2 * BLOCK + 1064, 3 * BLOCK + 123, 0),
-    ]
-    n = runs[-1][1]
-    blocks = torch.tensor(
-        [(at, min(BLOCK, end - at), row) for start, end, row in runs for at in range(start, end, BLOCK)],
-        device="cuda",
-    )  # fmt: skip
-    table = torch.tensor([[1 - 1e-3 * 0.1, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
-                          [1.0, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
+
+@pytest.mark.parametrize(
+    ("runs", "length", "align"), [(_RAGGED, 3 * 1024 + 123, 1), (_ALIGNED, 3 * 1024 + 128, 64)]
+)
+def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(runs, length: int, align: int) -> None:
+    """The Triton kernel of DistributedAdamW's flat step vs the same arithmetic in torch ops, on random flat
+    buffers: runs of two table rows (one longer than a block, one ragged), gaps between runs (padding),
+    clipping and a bf16 copy. Ragged runs: blocks follow them exactly and random padding is left untouched.
+    Aligned runs (as the layout places parameters): blocks widen over the zero padding, which stays zero.
+    Tolerance: the kernel may fuse multiply-adds (one rounding instead of two) where torch rounds twice, a
+    few fp32 ulps after one step."""
+    from vla_overlap._flat_adamw import BLOCK, _torch_step, _triton_step, plan_blocks
+
+    assert BLOCK == 1024
+    blocks, planned_align = plan_blocks(runs, length)
+    assert planned_align == align
+    gaps = torch.ones(length, dtype=torch.bool, device="cuda")
+    for start, end, _ in runs:
+        gaps[start:end] = False
     flats = []
     for _ in range(2):
         g = torch.Generator(device="cuda").manual_seed(1)
-        flat = {key: torch.randn(n, generator=g, device="cuda") for key in ("master", "grad", "exp_avg")}
-        flat["exp_avg_sq"] = torch.rand(n, generator=g, device="cuda")
-        flat["out"] = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
-        flat["runs"], flat["blocks"] = runs, blocks
+        flat = {key: torch.randn(length, generator=g, device="cuda") for key in ("master", "grad", "exp_avg")}
+        flat["exp_avg_sq"] = torch.rand(length, generator=g, device="cuda")
+        if align > 1:  # the layout's padding: zero everywhere
+            for key in ("master", "grad", "exp_avg", "exp_avg_sq"):
+                flat[key][gaps] = 0
+        flat["out"] = torch.zeros(length, dtype=torch.bfloat16, device="cuda")
+        flat["runs"], flat["blocks"], flat["align"] = runs, torch.tensor(blocks, device="cuda"), align
         flats.append(flat)
     before = flats[1]["master"].clone()
+    table = torch.tensor([[1 - 1e-3 * 0.1, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
+                          [1.0, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
     coef = torch.tensor(0.5, device="cuda")
     _torch_step(flats[0], table, coef)
     _triton_step(flats[1], table, coef)
     for key in ("master", "exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(flats[1][key], flats[0][key], rtol=2e-6, atol=1e-7, msg=key)
-    gap = slice(2 * BLOCK + 1000, 2 * BLOCK + 1064)
-    assert torch.equal(flats[1]["master"][gap], before[gap])  # padding untouched
-    assert torch.all(flats[1]["out"][gap] == 0)
-    live = torch.ones(n, dtype=torch.bool, device="cuda")
-    live[gap] = False
-    assert torch.equal(flats[1]["out"][live], flats[1]["master"][live].bfloat16())
-    assert not torch.equal(flats[1]["master"][live], before[live])
+        assert torch.equal(flats[1][key][gaps], flats[0][key][gaps]), key  # padding: untouched, or zero
+    assert torch.equal(flats[1]["master"][gaps], before[gaps])
+    assert torch.all(flats[1]["out"][gaps] == 0)
+    assert torch.equal(flats[1]["out"][~gaps], flats[1]["master"][~gaps].bfloat16())
+    assert not torch.equal(flats[1]["master"][~gaps], before[~gaps])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sum_of_squares_kernel_matches_a_float64_sum(dtype: torch.dtype) -> None:
+    """The clipping norm's kernel against the sum in float64, on sizes off its block: fp32 partial sums of
+    about 4096 squares each, then a sum of the partials, stay within 1e-5 of the exact value (each of the
+    ~log2(n) levels of rounding adds at most 2^-24 relative; 1e-5 leaves a wide margin)."""
+    from vla_overlap._flat_adamw_kernel import sum_of_squares
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n in (1, 4095, 4096 * 3 + 17, 10_000_019):
+        x = torch.randn(n, generator=gen, device="cuda").to(dtype)
+        ours = sum_of_squares(x)
+        exact = x.double().square().sum()
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours.double(), exact, rtol=1e-5, atol=0)
+    assert sum_of_squares(torch.zeros(0, device="cuda")).item() == 0
 
 
 @pytest.mark.parametrize("narrow", [torch.bfloat16, torch.float16])

@@ -59,10 +59,9 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
     Every microbatch but the last only accumulates (no_sync)."""
     opts, optim = cfg.optimizations, cfg.optim
     graphs = opts.graph != "eager"
-    grad_dtype = torch.float32  # our comm modes accumulate and reduce gradients in fp32 buffers
     overlap = vla_overlap.OverlapConfig(
-        bucket_elements=bucket_elements(opts.bucket_mib, grad_dtype),
-        grad_reduce_dtype=grad_dtype,
+        bucket_elements=bucket_elements(opts.bucket_mib, torch.float32),
+        grad_reduce_dtype=_grad_buffer_dtype(cfg, env),
         # Forward pre-hooks (Python) do not fire during graph replay: gather parameters in step() instead.
         overlap_param_gather=not graphs,
         # The baseline reduces every bucket after backward, by definition.
@@ -88,6 +87,17 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
     overlapped = opts.comm != "allreduce_after_backward"
     in_graph = overlapped and graphs and opts.sync_in_graph
     return SyncPlan(wrapped, optimizer, wrapped.grad_sync, in_graph, _clipper(optimizer, wrapped))
+
+
+def _grad_buffer_dtype(cfg: TrainConfig, env: DistEnv) -> torch.dtype | None:
+    """fp32 gradient buffers: our comm modes accumulate and reduce in fp32. Except where nothing accumulates
+    (one microbatch, one rank) and the flat step reads bf16 weights' gradients in place: there the buffers
+    keep each weight's dtype (None). Every value is autograd's bf16 gradient either way, widening is exact,
+    and the step and the norm widen as they load, so the update is the same while the gradient copy, the norm
+    and the step move 6 fewer bytes per parameter and 6.5 GB less memory is held for n1.6-3b."""
+    opts = cfg.optimizations
+    in_place = opts.bf16_weights and _flat_kernel(opts, env) is not None
+    return None if in_place and cfg.optim.grad_accum == 1 and env.world_size == 1 else torch.float32
 
 
 def _flat_kernel(opts: Any, env: DistEnv) -> str | None:

@@ -184,8 +184,10 @@ class OptimizationsConfig(_Section):
     once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
     bf16_weights: bool = False
     """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
-    the optimizer, which writes the bf16 copy; gradients accumulate in fp32. The same numbers as fp32 weights
-    under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and precision bf16."""
+    the optimizer, which writes the bf16 copy; gradients accumulate in fp32 (where nothing accumulates, at one
+    microbatch on one rank, the flat step reads them in bf16 in place: the same values). The same numbers as
+    fp32 weights under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and
+    precision bf16."""
     fp8_frozen: bool = False
     """Compute the frozen prefix's linear layers (SigLIP2 encoder, connector, frozen Qwen3 layers) in FP8
     with rowwise scales, weights quantized once at start (CUDA with compute capability 8.9+). Changes the

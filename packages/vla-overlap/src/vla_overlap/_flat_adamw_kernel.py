@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -10,10 +11,13 @@ from ._flat_adamw import BLOCK
 
 @triton.jit
 def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr,
-                         HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                         HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, ALIGN: tl.constexpr,
+                         BLOCK: tl.constexpr):  # fmt: skip
     block = blocks_ptr + tl.program_id(0).to(tl.int64) * 3  # (start, length, row): one run's piece
-    start = tl.load(block)
-    length = tl.load(block + 1)
+    # Starts and lengths are multiples of ALIGN (1 when they are not): saying so lets Triton use 16-byte
+    # loads and stores; without it every access is 4 bytes wide and the pass takes a third longer.
+    start = tl.multiple_of(tl.load(block), ALIGN)
+    length = tl.multiple_of(tl.load(block + 1), ALIGN)
     row = table_ptr + tl.load(block + 2) * 8
     decay = tl.load(row + 0)
     beta1 = tl.load(row + 1)
@@ -25,7 +29,7 @@ def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_
     live = lanes < length
     offsets = start + lanes
     p = tl.load(p_ptr + offsets, mask=live)
-    g = tl.load(g_ptr + offsets, mask=live)
+    g = tl.load(g_ptr + offsets, mask=live).to(tl.float32)  # bf16 gradients widen exactly
     if HAS_COEF:
         g = g * tl.load(coef_ptr)
     m = tl.load(m_ptr + offsets, mask=live)
@@ -42,13 +46,32 @@ def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_
         tl.store(out_ptr + offsets, p.to(out_ptr.dtype.element_ty), mask=live)
 
 
-def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef, block=BLOCK, num_warps=4) -> None:
+def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef, block=BLOCK, num_warps=4,
+               align=1) -> None:  # fmt: skip
     """One AdamW step over the `blocks` ([K, 3] int64: start, length <= block, table row) of flat fp32
-    tensors of equal length (see FlatAdamW)."""
+    tensors of equal length (see FlatAdamW); every start and length a multiple of `align`."""
     if len(blocks) == 0:
         return
     _adamw_blocks_kernel[(len(blocks),)](
         master, grad, exp_avg, exp_avg_sq, master if out is None else out, blocks, table,
         master if coef is None else coef, HAS_OUT=out is not None, HAS_COEF=coef is not None,
-        BLOCK=block, num_warps=num_warps,
+        ALIGN=align, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
+
+
+@triton.jit
+def _sum_of_squares_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
+    tl.store(partial_ptr + tl.program_id(0), tl.sum(x * x))
+
+
+def sum_of_squares(flat: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    """The sum of squares of a contiguous flat tensor, in fp32: one partial per block of the kernel, summed in
+    a fixed order (deterministic, unlike atomics), reading 16 bytes per access where torch's vector_norm
+    over the same shards reaches about 2.7 TB/s on an H200."""
+    n = flat.numel()
+    partials = flat.new_empty(triton.cdiv(n, block), dtype=torch.float32)
+    if n:
+        _sum_of_squares_kernel[(len(partials),)](flat, partials, n, BLOCK=block, num_warps=8)
+    return partials.sum()

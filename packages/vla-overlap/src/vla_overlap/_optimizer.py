@@ -88,6 +88,7 @@ class DistributedAdamW(torch.optim.Optimizer):
                 master.grad = self._grad_shards[bucket][window]
                 piece_groups[group_of[piece.slot]]["params"].append(master)
                 self.pieces.append((bucket, piece, master))
+        self._piece_grads = [master.grad for _, _, master in self.pieces]  # what clipping reads
         # Norms are summed in the optimizer's parameter order, as torch.nn.utils.clip_grad_norm_ over its
         # param_groups does, whatever buckets and dtype buffers the pieces sit in: the clipping coefficient
         # does not depend on the layout, and at one rank it equals torch's bit for bit.
@@ -117,6 +118,8 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._clip_coef: torch.Tensor | None = None
         # "auto" leaves an explicit foreach or unfused choice alone
         self.flat = self._make_flat(None if flat == "auto" and (foreach or fused is False) else flat)
+        if self.flat is not None:
+            self._read_narrow_grads_in_place()
 
     def _make_flat(self, flat: str | None) -> FlatAdamW | None:
         """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""
@@ -154,6 +157,25 @@ class DistributedAdamW(torch.optim.Optimizer):
                     master.copy_(shard)
             self._masters_stale = False
 
+    def _read_narrow_grads_in_place(self) -> None:
+        """With the flat step, gradient buffers narrower than the masters (`grad_reduce_dtype=None` with bf16
+        weights and fp32 masters; gr00t-train's choice where nothing accumulates) are read where they are. The step
+        and the norm widen each value as they load it, which is exact, so the results are the same as from
+        fp32 copies, without the copies' memory and their pass over the gradients. The pieces' masters then
+        carry no `.grad` (an fp32 tensor cannot hold a bf16 one): the flat step does not use it."""
+        for bucket, shard in enumerate(self._grad_shards):
+            narrow = self._model._grads.shard_view(bucket)
+            if narrow.dtype == shard.dtype:
+                continue
+            self._grad_shards[bucket] = self.flat.buckets[bucket]["grad"] = narrow
+            for b, _, master in self.pieces:
+                if b == bucket:
+                    master.grad = None
+        self._piece_grads = [
+            self._grad_shards[bucket][piece.shard_start : piece.shard_start + piece.numel]
+            for bucket, piece, _ in self.pieces
+        ]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new step: zeroes the model's gradient buffers."""
         self._model.zero_grad_buffer()
@@ -169,7 +191,7 @@ class DistributedAdamW(torch.optim.Optimizer):
                 if target is not source:
                     target.copy_(source)
             self._grads_ready = True
-        return [master.grad for _, _, master in self.pieces]
+        return self._piece_grads
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -193,11 +215,13 @@ class DistributedAdamW(torch.optim.Optimizer):
                 # One reduction per bucket shard instead of one per piece (3.6 -> ~1.5 ms over n1.6-3b's
                 # 1.6 B gradients on an H200); padding and unused pieces are zero. The sum runs in another
                 # order than torch's, so the norm agrees to fp32 rounding, as the flat step itself does.
-                norms = [torch.linalg.vector_norm(g, norm_type) for g in self._grad_shards]
-                local = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+                local = self.flat.grad_norm(norm_type).to(dtype)
             elif grads:
                 ordered = [grads[i] for i in self._norm_order]
-                norms = torch._foreach_norm(ordered, norm_type)
+                if all(g.element_size() >= 4 for g in ordered):
+                    norms = torch._foreach_norm(ordered, norm_type)
+                else:  # bf16 gradients read in place: their norms in fp32
+                    norms = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float32) for g in ordered]
                 if dtype == torch.float64:  # fp32 and fp64 pieces: one dtype to stack
                     norms = [n.to(dtype) for n in norms]
                 local = torch.linalg.vector_norm(torch.stack(norms), norm_type)

@@ -1,0 +1,186 @@
+"""Can the optimizer update run beside the frozen prefix instead of taking turns with it? (issue 12)
+
+    PYTHONPATH=<the packages' src folders> python benchmarks/sm_split_probe.py [--json OUT]
+
+The update (a memory-bound pass over 1.62 B fp32 parameters, ~12 ms) and the frozen prefix (GEMM-bound, ~30 ms)
+should overlap well, but a full-grid update kernel fills every SM, and cuBLAS's Hopper GEMM blocks need a whole
+SM: the streams take turns. This probe splits the SMs instead: the update kernel runs persistent on P programs,
+the prefix's GEMMs are captured with cuBLAS's SM-count target lowered by C (torch's sm carveout). It prints the
+prefix alone per C, the update alone per P, and both at once (each stream's finish time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+import triton.language as tl
+from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
+
+N = 1_620_000_000
+BLOCK = 1024
+
+
+@triton.jit
+def adamw_persistent(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr):  # fmt: skip
+    for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
+        offsets = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        p = tl.load(p_ptr + offsets)
+        g = tl.load(g_ptr + offsets)
+        m = tl.load(m_ptr + offsets)
+        v = tl.load(v_ptr + offsets)
+        p = p * 0.9999
+        m = m + 0.1 * (g - m)
+        v = v * 0.999 + 0.001 * g * g
+        p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
+        tl.store(p_ptr + offsets, p)
+        tl.store(m_ptr + offsets, m)
+        tl.store(v_ptr + offsets, v)
+        tl.store(out_ptr + offsets, p.to(tl.bfloat16))
+
+
+@triton.jit
+def sumsq_persistent(g_ptr, partial_ptr, n_blocks, BLOCK: tl.constexpr):
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
+        g = tl.load(g_ptr + b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+        acc += g * g
+    tl.store(partial_ptr + tl.program_id(0), tl.sum(acc))
+
+
+def cuda_ms(fn, iters: int = 5) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+class Update:
+    def __init__(self) -> None:
+        self.p, self.g, self.m, self.v = (torch.rand(N, device="cuda") for _ in range(4))
+        self.out = torch.empty(N, device="cuda", dtype=torch.bfloat16)
+        self.partial = torch.zeros(4096, device="cuda")
+        self.blocks = N // BLOCK
+
+    def run(self, programs: int, warps: int = 4, norm: bool = True) -> None:
+        if norm:
+            sumsq_persistent[(programs,)](self.g, self.partial, self.blocks, BLOCK=BLOCK, num_warps=warps)
+        adamw_persistent[(programs,)](
+            self.p, self.g, self.m, self.v, self.out, self.blocks, BLOCK=BLOCK, num_warps=warps
+        )
+
+
+def prefix_graphs(carveouts: list[int]):
+    config = GR00TConfig.preset("n1.6-3b", image_size=(252, 252), trainable_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GR00TN16(config).train()
+    model.prepare_frozen_prefix()
+    model.compile_blocks()
+    batch = make_dummy_batch(config, 16, num_images=2, device=torch.device("cuda"))
+    graphs = {}
+    with torch.no_grad():
+        for c in carveouts:
+            torch._C._set_sm_carveout_experimental(c or None)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model.frozen_prefix(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model.frozen_prefix(batch)
+            graphs[c] = graph
+        torch._C._set_sm_carveout_experimental(None)
+    return graphs
+
+
+def together(graph, update: Update, programs: int, warps: int) -> dict:
+    """Both at once: the update on a side stream, the prefix on the current one; each one's finish (ms)."""
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    rows = []
+    for _ in range(4):
+        t0 = torch.cuda.Event(enable_timing=True)
+        t_main, t_side = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0.record(main)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            update.run(programs, warps)
+        t_side.record(side)
+        graph.replay()
+        t_main.record(main)
+        torch.cuda.synchronize()
+        rows.append((t0.elapsed_time(t_main), t0.elapsed_time(t_side)))
+    rows = rows[1:]
+    prefix = sum(r[0] for r in rows) / len(rows)
+    upd = sum(r[1] for r in rows) / len(rows)
+    return {"prefix_ms": prefix, "update_ms": upd, "both_ms": max(prefix, upd)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json")
+    p.add_argument("--carveouts", default="0,8,16,24,32,48")
+    p.add_argument("--programs", default="8,16,24,32,48,66,132,264,528")
+    a = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F"),
+              "sms": sms}  # fmt: skip
+    # does the carveout reach plain bf16 matmuls?
+    x = torch.randn(10368, 1152, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1152, 4352, device="cuda", dtype=torch.bfloat16)
+    mm = {}
+    for c in (0, 33, 66):
+        torch._C._set_sm_carveout_experimental(c or None)
+        mm[c] = cuda_ms(lambda: x @ w, 20)
+    torch._C._set_sm_carveout_experimental(None)
+    result["mm_ms_by_carveout"] = mm
+    print("mm 10368x1152x4352 by carveout:", mm, flush=True)
+    carveouts = [int(c) for c in a.carveouts.split(",")]
+    programs = [int(c) for c in a.programs.split(",")]
+    graphs = prefix_graphs(carveouts)
+    result["prefix_alone_ms"] = {c: cuda_ms(g.replay) for c, g in graphs.items()}
+    print("prefix alone by carveout:", result["prefix_alone_ms"], flush=True)
+    update = Update()
+    result["update_alone_ms"] = {}
+    for warps in (4, 8):
+        for n in programs:
+            result["update_alone_ms"][f"{n}x{warps}w"] = cuda_ms(lambda n=n, w=warps: update.run(n, w))
+    full = update.blocks  # today's grid: one program per block
+    result["update_alone_ms"]["full"] = cuda_ms(lambda: update.run(full, 4, norm=False))
+    print(
+        "update alone:",
+        json.dumps({k: round(v, 2) for k, v in result["update_alone_ms"].items()}),
+        flush=True,
+    )
+    rows = []
+    for c in carveouts:
+        for n in programs:
+            if c and n > 4 * c * 4:
+                continue
+            for warps in (4, 8):
+                row = {"carveout": c, "programs": n, "warps": warps, **together(graphs[c], update, n, warps)}
+                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
+                      flush=True)  # fmt: skip
+                rows.append(row)
+    result["together"] = rows
+    best = min(rows, key=lambda r: r["both_ms"])
+    print("best:", best, flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
