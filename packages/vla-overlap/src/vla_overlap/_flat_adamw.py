@@ -35,7 +35,7 @@ BLOCK = 1024
 1024 -> 11.7 ms, 2048 (8 warps) -> 12.6, 4096 -> 16.7, 8192 -> 43.6 (register spills)."""
 ALIGN = 64
 """Blocks start and end at multiples of this many elements where the layout allows (its PARAM_ALIGN): the kernel
-then moves 16 bytes per access instead of 4 (in a training step on an H200: 15.8 -> 11.5 ms)."""
+then moves 16 bytes per access instead of 4 (n1.6-3b's full step on an H200: 211.0 -> 212.5 samples/s)."""
 
 
 def plan_blocks(runs: list[tuple[int, int, int]], length: int, block: int = BLOCK) -> tuple[list, int]:
