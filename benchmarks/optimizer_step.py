@@ -61,17 +61,30 @@ def timed_graph(fn, reps: int) -> float:
 
 
 def copies(shapes, reps: int) -> list[dict]:
-    from vla_overlap._cast_kernel import cast_into
-
     grads = [torch.randn(s, device="cuda", dtype=torch.bfloat16) for _, s, _ in shapes]
     numel = sum(g.numel() for g in grads)
+    rows = []
+    for buffer_dtype in (torch.float32, torch.bfloat16):
+        rows += _copies_into(grads, numel, buffer_dtype, reps)
     flat = torch.empty(numel, device="cuda")
+    masters, weights = flat.normal_(), torch.empty(numel, device="cuda", dtype=torch.bfloat16)
+    ms = timed_graph(lambda: weights.copy_(masters), reps)
+    rows.append({"pass": "fp32 master -> bf16 weights (one flat copy)", "variant": "torch", "ms": round(ms, 3),
+                 "GB/s": round(numel * 6 / ms / 1e6)})  # fmt: skip
+    return rows
+
+
+def _copies_into(grads, numel: int, buffer_dtype: torch.dtype, reps: int) -> list[dict]:
+    from vla_overlap._cast_kernel import cast_into
+
+    flat = torch.empty(numel, device="cuda", dtype=buffer_dtype)
     views, offset = [], 0
     for g in grads:
         views.append(flat[offset : offset + g.numel()].view(g.shape))
         offset += g.numel()
+    size = flat.element_size()
     rows = []
-    for what, nbytes in (("copy", 6), ("add", 10)):
+    for what, nbytes in (("copy", 2 + size), ("add", 2 + 2 * size)):
         results = {}
         for name, op in (
             ("torch", (lambda t, g: t.copy_(g)) if what == "copy" else (lambda t, g: t.add_(g))),
@@ -83,13 +96,9 @@ def copies(shapes, reps: int) -> list[dict]:
             for t, g in zip(views, grads):
                 op(t, g)
             results[name] = flat.clone()
-            rows.append({"pass": f"bf16 grad -> fp32 buffer ({what}, {len(grads)} tensors)", "variant": name,
-                         "ms": round(ms, 3), "GB/s": round(numel * nbytes / ms / 1e6)})  # fmt: skip
+            rows.append({"pass": f"bf16 grad -> {str(buffer_dtype)[6:]} buffer ({what}, {len(grads)} tensors)",
+                         "variant": name, "ms": round(ms, 3), "GB/s": round(numel * nbytes / ms / 1e6)})  # fmt: skip
         rows[-1]["bitwise_equal_to_torch"] = bool(torch.equal(results["torch"], results["cast kernel"]))
-    masters, weights = flat.normal_(), torch.empty(numel, device="cuda", dtype=torch.bfloat16)
-    ms = timed_graph(lambda: weights.copy_(masters), reps)
-    rows.append({"pass": "fp32 master -> bf16 weights (one flat copy)", "variant": "torch", "ms": round(ms, 3),
-                 "GB/s": round(numel * 6 / ms / 1e6)})  # fmt: skip
     return rows
 
 

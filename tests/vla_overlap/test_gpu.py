@@ -8,6 +8,7 @@ identity, so results can be compared with plain single-GPU training.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pytest
 import torch
@@ -263,21 +264,21 @@ def test_sum_of_squares_kernel_matches_a_float64_sum(dtype: torch.dtype) -> None
 
 @pytest.mark.parametrize("narrow", [torch.bfloat16, torch.float16])
 def test_cast_kernel_equals_torch_bitwise(narrow: torch.dtype) -> None:
-    """The Triton cast kernel (gradient copies and adds into fp32 buffers) gives torch's mixed-dtype
-    copy_/add_ results bit for bit: widening is exact and the add rounds once in fp32 in both; sizes off the
-    block and a non-contiguous fallback included."""
+    """The Triton cast kernel (gradient copies and adds into fp32 buffers, or buffers of the gradient's own
+    dtype) gives torch's copy_/add_ results bit for bit: widening is exact and an add rounds once, from fp32 to
+    the buffer's dtype, in both; sizes off the block and a non-contiguous fallback included."""
     from vla_overlap._cast_kernel import _kernel_applies, cast_into
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for n in (1, 2047, 2048 * 3 + 5, 1_000_003):
+    for n, buffer in itertools.product((1, 2047, 2048 * 3 + 5, 1_000_003), (torch.float32, narrow)):
         source = torch.randn(n, generator=gen, device="cuda").mul_(100).to(narrow)
-        start = torch.randn(n, generator=gen, device="cuda")
+        start = torch.randn(n, generator=gen, device="cuda").to(buffer)
         for add in (False, True):
             ours, theirs = start.clone(), start.clone()
             assert _kernel_applies(ours, source)
             cast_into(ours, source, add=add)
             theirs.add_(source) if add else theirs.copy_(source)
-            assert torch.equal(ours, theirs), (n, add)
+            assert torch.equal(ours, theirs), (n, buffer, add)
     strided = torch.zeros(64, 2, device="cuda")[:, 0]
     source = torch.randn(64, device="cuda").to(narrow)
     assert not _kernel_applies(strided, source)

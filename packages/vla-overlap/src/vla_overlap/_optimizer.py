@@ -159,7 +159,7 @@ class DistributedAdamW(torch.optim.Optimizer):
 
     def _read_narrow_grads_in_place(self) -> None:
         """With the flat step, gradient buffers narrower than the masters (`grad_reduce_dtype=None` with bf16
-        weights and fp32 masters; gr00t-train's choice where nothing accumulates) are read where they are. The step
+        weights and fp32 masters; a trainer's choice where nothing accumulates) are read where they are. The step
         and the norm widen each value as they load it, which is exact, so the results are the same as from
         fp32 copies, without the copies' memory and their pass over the gradients. The pieces' masters then
         carry no `.grad` (an fp32 tensor cannot hold a bf16 one): the flat step does not use it."""
