@@ -14,9 +14,11 @@ compile + capture), peak memory and the loss after the measured steps. The `pari
 stack and eager for N steps with dropout off on identical batches and reports the largest relative loss
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
-same step run without graphs. `ours-full-piece-norm` and `ours-full-high-priority` are measured variants of
-`ours-full` (PATCHES). `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
-`parity=ROW` compares another row with eager.
+same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm` and
+`-fp32-grads` are measured variants of `ours-full` (_step_patches.py); `ours-serial` runs the flat update on
+the compute stream. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
+`parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
+`ours-serial` trainer's own buffers and on fresh ones.
 
     PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/step_variants.py \\
         --json benchmarks/results/step_variants_h200.json
@@ -31,9 +33,9 @@ import json
 import time
 import traceback
 from pathlib import Path
-from unittest import mock
 
 import torch
+from _step_patches import BUILT_WITH, PATCHES
 
 _BF16W = ["optimizations.compile=on", "optimizations.comm=zero1_overlap", "optimizations.bf16_weights=true"]
 ROWS = {
@@ -49,51 +51,8 @@ ROWS = {
 }
 ROWS["ours-serial"] = [*_BF16W, "optimizations.flat_optimizer=auto"]  # the flat update on the compute stream
 ROWS["ours-full-fp8"] = [*ROWS["ours-full"], "optimizations.fp8_frozen=true"]
-ROWS["ours-full-high-priority"] = ROWS["ours-full"]
-ROWS["ours-full-piece-norm"] = ROWS["ours-full"]
-ROWS["ours-full-unaligned"] = ROWS["ours-full"]
-ROWS["ours-full-torch-norm"] = ROWS["ours-full"]
-ROWS["ours-full-fp32-grads"] = ROWS["ours-full"]
-PATCHES = {  # measured variants of a row, applied to the built Trainer
-    # the optimizer's side stream at a higher priority
-    "ours-full-high-priority": lambda t: setattr(t.updates, "_stream", torch.cuda.Stream(priority=-1)),
-    # the clipping norm summed per parameter piece (torch's order) instead of per bucket shard
-    "ours-full-piece-norm": lambda t: setattr(t.model.optimizer, "_shards_are_pieces", False),
-    # the flat step's blocks exactly on the runs, 4-byte accesses (before the fifth pass)
-    "ours-full-unaligned": lambda t: _unaligned_blocks(t.model.optimizer.flat),
-    # the clipping norm by torch's vector_norm per shard (before the fifth pass)
-    "ours-full-torch-norm": lambda t: setattr(
-        t.model.optimizer.flat, "grad_norm", _torch_norm(t.model.optimizer.flat)
-    ),
-}
-
-BUILT_WITH = {  # variants that must be in place while the Trainer is built
-    # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
-    "ours-full-fp32-grads": lambda: mock.patch(
-        "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
-    ),
-}
-
-
-def _unaligned_blocks(flat) -> None:
-    from vla_overlap._flat_adamw import BLOCK
-
-    for bucket in flat.buckets:
-        exact = [
-            (at, min(BLOCK, end - at), row)
-            for start, end, row in bucket["runs"]
-            for at in range(start, end, BLOCK)
-        ]
-        bucket["blocks"], bucket["align"] = torch.tensor(exact, device=bucket["master"].device), 1
-
-
-def _torch_norm(flat):
-    def grad_norm(norm_type: float) -> torch.Tensor:
-        norms = [torch.linalg.vector_norm(bucket["grad"], norm_type) for bucket in flat.buckets]
-        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
-
-    return grad_norm
-
+for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
+    ROWS[_variant] = ROWS["ours-full"]
 
 FREE = ("free-eager", "free-reduce-overhead")
 

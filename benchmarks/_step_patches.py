@@ -1,0 +1,48 @@
+"""Measured variants of step_variants.py's `ours-full` row: each undoes or changes one thing, so that its
+effect is measured side by side in one process (BENCHMARKS.md's third and fifth passes)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+
+PATCHES = {  # measured variants of a row, applied to the built Trainer
+    # the optimizer's side stream at a higher priority
+    "ours-full-high-priority": lambda t: setattr(t.updates, "_stream", torch.cuda.Stream(priority=-1)),
+    # the clipping norm summed per parameter piece (torch's order) instead of per bucket shard
+    "ours-full-piece-norm": lambda t: setattr(t.model.optimizer, "_shards_are_pieces", False),
+    # the flat step's blocks exactly on the runs, 4-byte accesses (before the fifth pass)
+    "ours-full-unaligned": lambda t: _unaligned_blocks(t.model.optimizer.flat),
+    # the clipping norm by torch's vector_norm per shard (before the fifth pass)
+    "ours-full-torch-norm": lambda t: setattr(
+        t.model.optimizer.flat, "grad_norm", _torch_norm(t.model.optimizer.flat)
+    ),
+}
+
+BUILT_WITH = {  # variants that must be in place while the Trainer is built
+    # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
+    "ours-full-fp32-grads": lambda: mock.patch(
+        "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
+    ),
+}
+
+
+def _unaligned_blocks(flat) -> None:
+    from vla_overlap._flat_adamw import BLOCK
+
+    for bucket in flat.buckets:
+        exact = [
+            (at, min(BLOCK, end - at), row)
+            for start, end, row in bucket["runs"]
+            for at in range(start, end, BLOCK)
+        ]
+        bucket["blocks"], bucket["align"] = torch.tensor(exact, device=bucket["master"].device), 1
+
+
+def _torch_norm(flat):
+    def grad_norm(norm_type: float) -> torch.Tensor:
+        norms = [torch.linalg.vector_norm(bucket["grad"], norm_type) for bucket in flat.buckets]
+        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+
+    return grad_norm
