@@ -195,8 +195,8 @@ class OptimizationsConfig(_Section):
     flat_optimizer: Literal["auto", "on", "off"] = "auto"
     """DistributedAdamW's one-pass Triton step: per gradient bucket, one kernel reads the gradient (clipped on
     the fly), updates the moments and the fp32 master and writes the bf16 weight (about 11 ms alone for
-    n1.6-3b on an H200; torch's fused AdamW and the write-back 21-24 ms). auto = on with comm=zero1_overlap on CUDA; on
-    needs both.
+    n1.6-3b on an H200; torch's fused AdamW and the write-back 21-24 ms). auto = on with comm=zero1_overlap
+    on CUDA; on needs both.
     """
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
