@@ -15,6 +15,7 @@ import json
 import time
 
 import torch
+from _cuda_timing import cuda_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 from gr00t_model._frozen_linear import FP8, FP8_MAX, FrozenLinear
 from torch import nn
@@ -28,18 +29,6 @@ SHAPES = {  # name: (M, K, N) of one GEMM of the prefix at batch 16, two cameras
     "qwen3 gate/up": (3264, 2048, 6144),
     "qwen3 down": (3264, 6144, 2048),
 }
-
-
-def cuda_ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def gemms() -> list[dict]:

@@ -18,6 +18,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+from _cuda_timing import cuda_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 
 N = 1_620_000_000
@@ -49,17 +50,6 @@ def sumsq_persistent(g_ptr, partial_ptr, n_blocks, BLOCK: tl.constexpr):
         g = tl.load(g_ptr + b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
         acc += g * g
     tl.store(partial_ptr + tl.program_id(0), tl.sum(acc))
-
-
-def cuda_ms(fn, iters: int = 5) -> float:
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 class Update:
@@ -150,15 +140,17 @@ def main() -> None:
     carveouts = [int(c) for c in a.carveouts.split(",")]
     programs = [int(c) for c in a.programs.split(",")]
     graphs = prefix_graphs(carveouts)
-    result["prefix_alone_ms"] = {c: cuda_ms(g.replay) for c, g in graphs.items()}
+    result["prefix_alone_ms"] = {c: cuda_ms(g.replay, 5) for c, g in graphs.items()}
     print("prefix alone by carveout:", result["prefix_alone_ms"], flush=True)
     update = Update()
     result["update_alone_ms"] = {}
     for warps in (4, 8):
         for n in programs:
-            result["update_alone_ms"][f"{n}x{warps}w"] = cuda_ms(lambda n=n, w=warps: update.run(n, w))
+            result["update_alone_ms"][f"{n}x{warps}w"] = cuda_ms(
+                lambda n=n, w=warps: update.run(n, w), 5, warmup=1
+            )
     full = update.blocks  # today's grid: one program per block
-    result["update_alone_ms"]["full"] = cuda_ms(lambda: update.run(full, 4, norm=False))
+    result["update_alone_ms"]["full"] = cuda_ms(lambda: update.run(full, 4, norm=False), 5, warmup=1)
     print(
         "update alone:",
         json.dumps({k: round(v, 2) for k, v in result["update_alone_ms"].items()}),

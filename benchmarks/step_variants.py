@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from _cuda_timing import cuda_ms
 from _step_patches import BUILT_WITH, PATCHES
 
 _BF16W = ["optimizations.compile=on", "optimizations.comm=zero1_overlap", "optimizations.bf16_weights=true"]
@@ -305,6 +306,7 @@ def update_alone(args, out: Path, env, reps: int = 10) -> dict:
     """The update's passes timed alone after a few steps of the serial row (ms per call), and the same
     kernel over fresh buffers of the same size: is the update slower inside a step than on its own?"""
     import gr00t_train
+    from vla_overlap._flat_adamw import plan_blocks
     from vla_overlap._flat_adamw_kernel import adamw_flat
 
     cfg = _config(args, "update-alone", ROWS["ours-serial"], args.warmup, out)
@@ -312,33 +314,21 @@ def update_alone(args, out: Path, env, reps: int = 10) -> dict:
     trainer.fit()
     flat = trainer.model.optimizer.flat
 
-    def timed(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / reps
-
     found = {
         "elements": sum(b["master"].numel() for b in flat.buckets),
         "buckets": len(flat.buckets),
         "aligned_buckets": sum(b.get("align", 1) > 1 for b in flat.buckets),
-        "grad_norm_ms": timed(lambda: flat.grad_norm(2.0)),
-        "flat_step_ms": timed(lambda: flat.step(None)),
+        "grad_norm_ms": cuda_ms(lambda: flat.grad_norm(2.0), reps),
+        "flat_step_ms": cuda_ms(lambda: flat.step(None), reps),
     }
     n = found["elements"]
     fresh = [torch.zeros(n, device="cuda") for _ in range(4)]
     out_bf16 = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
-    blocks = torch.stack([torch.arange(0, n, 1024, device="cuda"), torch.full((-(-n // 1024),), 1024, device="cuda"),
-                          torch.zeros(-(-n // 1024), dtype=torch.long, device="cuda")], 1)  # fmt: skip
-    blocks[-1, 1] = n - blocks[-1, 0]
+    blocks, align = plan_blocks([(0, n, 0)], n)  # one run over the whole length
+    blocks = torch.tensor(blocks, device="cuda")
     table = flat.table(torch.device("cuda"))
-    found["one_run_fresh_buffers_ms"] = timed(
-        lambda: adamw_flat(*fresh, out_bf16, blocks, table, None, align=64)
+    found["one_run_fresh_buffers_ms"] = cuda_ms(
+        lambda: adamw_flat(*fresh, out_bf16, blocks, table, None, align=align), reps
     )
     trainer.parts.model.uncompile_blocks()
     del trainer

@@ -68,8 +68,9 @@ class DistributedAdamW(torch.optim.Optimizer):
             shard = gather.shard_view(bucket)
             master = shard if shard.dtype in _OWN_MASTERS else shard.float()
             self.masters.append(master)
-            grad = model._grads.shard_view(bucket)
-            self._grad_shards.append(grad if grad.dtype == master.dtype else torch.zeros_like(master))
+            # the model's buffer, read in place; a copy in the masters' dtype only without the flat step
+            # (_widen_grad_shards)
+            self._grad_shards.append(model._grads.shard_view(bucket))
         # Every rank all-reduces its partial norm in this dtype, whichever buffers its own pieces sit in.
         self._norm_dtype = (
             torch.float64 if torch.float64 in {m.dtype for m in self.masters} else torch.float32
@@ -83,12 +84,9 @@ class DistributedAdamW(torch.optim.Optimizer):
                 if piece.slot not in group_of:
                     self._shards_are_pieces = False
                     continue
-                window = slice(piece.shard_start, piece.shard_start + piece.numel)
-                master = self.masters[bucket][window]
-                master.grad = self._grad_shards[bucket][window]
+                master = self.masters[bucket][piece.shard_start : piece.shard_start + piece.numel]
                 piece_groups[group_of[piece.slot]]["params"].append(master)
                 self.pieces.append((bucket, piece, master))
-        self._piece_grads = [master.grad for _, _, master in self.pieces]  # what clipping reads
         # Norms are summed in the optimizer's parameter order, as torch.nn.utils.clip_grad_norm_ over its
         # param_groups does, whatever buckets and dtype buffers the pieces sit in: the clipping coefficient
         # does not depend on the layout, and at one rank it equals torch's bit for bit.
@@ -118,8 +116,15 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._clip_coef: torch.Tensor | None = None
         # "auto" leaves an explicit foreach or unfused choice alone
         self.flat = self._make_flat(None if flat == "auto" and (foreach or fused is False) else flat)
-        if self.flat is not None:
-            self._read_narrow_grads_in_place()
+        if self.flat is None:
+            self._widen_grad_shards()
+        self._piece_grads = [  # what clipping reads; with torch's AdamW also the pieces' .grad
+            self._grad_shards[bucket][piece.shard_start : piece.shard_start + piece.numel]
+            for bucket, piece, _ in self.pieces
+        ]
+        if self.flat is None:
+            for (_, _, master), grad in zip(self.pieces, self._piece_grads):
+                master.grad = grad
 
     def _make_flat(self, flat: str | None) -> FlatAdamW | None:
         """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""
@@ -157,24 +162,14 @@ class DistributedAdamW(torch.optim.Optimizer):
                     master.copy_(shard)
             self._masters_stale = False
 
-    def _read_narrow_grads_in_place(self) -> None:
-        """With the flat step, gradient buffers narrower than the masters (`grad_reduce_dtype=None` with bf16
-        weights and fp32 masters; a trainer's choice where nothing accumulates) are read where they are. The step
-        and the norm widen each value as they load it, which is exact, so the results are the same as from
-        fp32 copies, without the copies' memory and their pass over the gradients. The pieces' masters then
-        carry no `.grad` (an fp32 tensor cannot hold a bf16 one): the flat step does not use it."""
-        for bucket, shard in enumerate(self._grad_shards):
-            narrow = self._model._grads.shard_view(bucket)
-            if narrow.dtype == shard.dtype:
-                continue
-            self._grad_shards[bucket] = self.flat.buckets[bucket]["grad"] = narrow
-            for b, _, master in self.pieces:
-                if b == bucket:
-                    master.grad = None
-        self._piece_grads = [
-            self._grad_shards[bucket][piece.shard_start : piece.shard_start + piece.numel]
-            for bucket, piece, _ in self.pieces
-        ]
+    def _widen_grad_shards(self) -> None:
+        """torch's AdamW steps each master with a `.grad` of its own dtype: shards whose gradient buffer is
+        narrower (bf16 gradients of fp32 masters, fp32 ones of fp64 masters) get a copy in the masters' dtype,
+        filled each step by `_prepare_grads`. The flat step needs none: it and its norm read the buffers in
+        place and widen as they load (exact), which saves the copy's memory and its pass."""
+        for bucket, master in enumerate(self.masters):
+            if self._grad_shards[bucket].dtype != master.dtype:
+                self._grad_shards[bucket] = torch.zeros_like(master)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start a new step: zeroes the model's gradient buffers."""
@@ -188,7 +183,7 @@ class DistributedAdamW(torch.optim.Optimizer):
             self._model.finish_grad_sync()
             for bucket, target in enumerate(self._grad_shards):
                 source = self._model._grads.shard_view(bucket)
-                if target is not source:
+                if target.data_ptr() != source.data_ptr():  # a widened copy (_widen_grad_shards)
                     target.copy_(source)
             self._grads_ready = True
         return self._piece_grads
