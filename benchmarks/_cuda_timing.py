@@ -20,3 +20,27 @@ def cuda_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+def cuda_graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 5) -> float:
+    """Milliseconds per call of `fn` with `calls` calls captured in one CUDA graph and replayed: the GPU time
+    of kernels too short to time from Python, whose launches would otherwise set the pace."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (replays * calls)

@@ -21,6 +21,17 @@ PATCHES = {  # measured variants of a row, applied to the built Trainer
 }
 
 BUILT_WITH = {  # variants that must be in place while the Trainer is built
+    # Inductor autotunes each block's GEMMs (Triton templates against cuBLAS) and its pointwise/reduction
+    # kernels (coordinate descent), as mode="max-autotune-no-cudagraphs" does
+    "ours-full-max-autotune": lambda: mock.patch.object(
+        torch, "compile", _with_options(max_autotune=True, coordinate_descent_tuning=True)
+    ),
+    # Inductor tunes its pointwise and reduction kernels' launch configs (coordinate descent), no GEMM autotuning
+    "ours-full-coordinate-descent": lambda: mock.patch.object(
+        torch, "compile", _with_options(coordinate_descent_tuning=True)
+    ),
+    # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
+    "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
@@ -46,3 +57,12 @@ def _torch_norm(flat):
         return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
     return grad_norm
+
+
+def _with_options(**options):
+    compile_ = torch.compile
+
+    def compile_with_options(fn, **kwargs):
+        return compile_(fn, options={**kwargs.pop("options", {}), **options}, **kwargs)
+
+    return compile_with_options

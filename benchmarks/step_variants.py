@@ -14,8 +14,9 @@ compile + capture), peak memory and the loss after the measured steps. The `pari
 stack and eager for N steps with dropout off on identical batches and reports the largest relative loss
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
-same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm` and
-`-fp32-grads` are measured variants of `ours-full` (_step_patches.py); `ours-serial` runs the flat update on
+same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
+`-fp32-grads`, `-separate-gelu`, `-coordinate-descent` and `-max-autotune` are measured variants of
+`ours-full` (_step_patches.py); `ours-serial` runs the flat update on
 the compute stream. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
@@ -136,11 +137,11 @@ def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout
 
     steps = steps or args.warmup + args.steps
     cfg = _config(args, name, sets, steps, out)
-    parts = _parts(cfg, env, batches or _batches(args))
-    if not dropout:
-        parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
-    _cuda("reset_peak_memory_stats")
     with BUILT_WITH.get(name, contextlib.nullcontext)():
+        parts = _parts(cfg, env, batches or _batches(args))
+        if not dropout:
+            parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
+        _cuda("reset_peak_memory_stats")
         trainer = gr00t_train.Trainer(cfg, parts, env)
     if name in PATCHES:
         PATCHES[name](trainer)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
-from gr00t_model._frozen_linear import FrozenLinear, pad_mlp, use_fp8
+from gr00t_model._frozen_linear import FrozenLinear, gelu_into_gemm, pad_mlp, use_fp8
 from torch import nn
 
 
@@ -93,6 +93,29 @@ def test_padded_mlp_equals_the_plain_one() -> None:
     assert not pad_mlp(trainable)  # a trainable layer keeps its shape
 
 
+def test_gelu_in_the_gemm_equals_the_separate_activation() -> None:
+    """On a CPU the layer computes the same ops as before (the fused epilogue is CUDA's; the GPU test bounds
+    its rounding). Padding is kept; exact GELU, other activations and trainable layers are left alone."""
+    from transformers.activations import ACT2FN
+
+    mlp = nn.Module()
+    mlp.fc1, mlp.activation_fn = _frozen_linear(64, 200), ACT2FN["gelu_pytorch_tanh"]
+    mlp.fc2 = _frozen_linear(200, 64)
+    x = torch.randn(3, 7, 64)
+    ref = mlp.fc2(mlp.activation_fn(mlp.fc1(x)))
+    keys = list(mlp.state_dict())
+    assert pad_mlp(mlp) and gelu_into_gemm(mlp) and not gelu_into_gemm(mlp)
+    assert isinstance(mlp.activation_fn, nn.Identity) and mlp.fc1.gelu and mlp.fc1.pad_out == 56
+    torch.testing.assert_close(mlp.fc2(mlp.activation_fn(mlp.fc1(x))), ref, rtol=1e-6, atol=1e-6)
+    assert list(mlp.state_dict()) == keys
+    exact = nn.Module()
+    exact.fc1, exact.activation_fn = _frozen_linear(64, 200), nn.GELU()
+    trainable = nn.Module()
+    trainable.fc1, trainable.activation_fn = nn.Linear(64, 200), nn.GELU(approximate="tanh")
+    assert not gelu_into_gemm(exact) and not gelu_into_gemm(trainable)
+    assert isinstance(exact.activation_fn, nn.GELU) and isinstance(trainable.fc1, nn.Linear)
+
+
 def test_model_prepares_the_frozen_prefix_only() -> None:
     config = GR00TConfig.preset("tiny", frozen_dtype="float32", compute_dtype=None)
     model = GR00TN16(config).eval()
@@ -101,7 +124,12 @@ def test_model_prepares_the_frozen_prefix_only() -> None:
     with torch.no_grad():
         ref = model(batch, noise=noise, t=t)["loss"]
         keys = list(model.state_dict())
-        assert model.prepare_frozen_prefix() == {"padded_mlps": config.vision_num_layers, "fp8_linears": 0}
+        layers = config.vision_num_layers
+        assert model.prepare_frozen_prefix() == {
+            "padded_mlps": layers,
+            "gelu_in_gemm": layers,
+            "fp8_linears": 0,
+        }
         torch.testing.assert_close(model(batch, noise=noise, t=t)["loss"], ref, rtol=1e-6, atol=0)
         done = model.prepare_frozen_prefix(fp8=True)
         out = model(batch, noise=noise, t=t)["loss"]
@@ -114,8 +142,13 @@ def test_model_prepares_the_frozen_prefix_only() -> None:
     assert all(name.startswith(allowed) for name in fp8)
     assert any(name.startswith("backbone.language_model.layers.") for name in fp8)
     assert any(name.endswith("mlp.fc1") for name in fp8)  # a padded layer turned FP8 too
+    assert all(m.gelu for name, m in model.named_modules() if name.endswith("mlp.fc1") and name in fp8)
     assert not any(name.startswith("backbone.vision_model") and name.endswith("mlp.fc2") for name in fp8)
     assert torch.isfinite(out) and out != ref and abs(out - ref) / ref < 0.1
     trainable = GR00TN16(GR00TConfig.preset("tiny", tune_visual=True))
     # nothing frozen to pad, and nothing runs before a trainable weight
-    assert trainable.prepare_frozen_prefix(fp8=True) == {"padded_mlps": 0, "fp8_linears": 0}
+    assert trainable.prepare_frozen_prefix(fp8=True) == {
+        "padded_mlps": 0,
+        "gelu_in_gemm": 0,
+        "fp8_linears": 0,
+    }

@@ -8,6 +8,10 @@ A frozen `nn.Linear` reads the same weight every step, so what its GEMM reads ca
   down-projection's inputs padded with zeros to 4352, both GEMMs take fused-bias kernels and the activation
   between (gelu(0) = 0) carries zeros: the same result, bit for bit on an H200, 1.9 ms less per step
   (benchmarks/frozen_probe.py).
+- GELU in the GEMM. SigLIP2's up-projection is followed by tanh-approximated GELU, a separate pass over its
+  10368x4352 bf16 output per layer (27 x 57 us on an H200). cuBLASLt applies GELU (tanh) to the fp32
+  accumulator in the GEMM's epilogue instead (`torch._addmm_activation`, which Inductor calls as is): the
+  pass disappears and the activation is rounded to bf16 once instead of twice.
 - FP8 (opt-in). Weights in float8 e4m3 with one scale per output row; activations quantized per row as they
   arrive (under torch.compile the scale and cast fuse into the kernel that produced them); `torch._scaled_mm`
   multiplies with fp32 accumulation and writes bf16. 810-1090 TFLOP/s on an H200 against 580-730 in bf16,
@@ -38,10 +42,17 @@ TILE = 128  # cuBLAS's Hopper GEMM tile width
 class FrozenLinear(nn.Module):
     """A frozen nn.Linear computed from a prepared weight: `pad_in` zero input columns (the input arrives that
     much wider, its extra entries zero), `pad_out` zero output rows (the output is that much wider, zeros
-    there plus a zero bias), and with `fp8` an FP8 GEMM with rowwise scales (module docstring)."""
+    there plus a zero bias), with `gelu` tanh-approximated GELU applied to the output (in the GEMM's epilogue
+    where cuBLASLt takes it), and with `fp8` an FP8 GEMM with rowwise scales (module docstring)."""
 
     def __init__(
-        self, linear: nn.Linear | FrozenLinear, *, pad_in: int = 0, pad_out: int = 0, fp8: bool = False
+        self,
+        linear: nn.Linear | FrozenLinear,
+        *,
+        pad_in: int = 0,
+        pad_out: int = 0,
+        fp8: bool = False,
+        gelu: bool = False,
     ) -> None:
         """`linear`: the layer whose `weight` and `bias` parameters this one computes with (an nn.Linear, or
         a FrozenLinear being re-prepared)."""
@@ -56,7 +67,7 @@ class FrozenLinear(nn.Module):
                 f"{linear.in_features + pad_in}x{linear.out_features + pad_out}"
             )
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.pad_in, self.pad_out, self.fp8 = pad_in, pad_out, fp8
+        self.pad_in, self.pad_out, self.fp8, self.gelu = pad_in, pad_out, fp8, gelu
         self.weight = linear.weight
         self.bias = linear.bias
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh())
@@ -65,7 +76,7 @@ class FrozenLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}+{self.pad_in}, out_features={self.out_features}+{self.pad_out}, "
-            f"fp8={self.fp8}"
+            f"fp8={self.fp8}, gelu={self.gelu}"
         )
 
     @torch.no_grad()
@@ -97,10 +108,21 @@ class FrozenLinear(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fp8:
-            return F.linear(x, self.prepared_weight, self.prepared_bias)
         autocast = torch.is_autocast_enabled(x.device.type)
         dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        if self.fp8:
+            out = self._fp8_forward(x, dtype)
+            return F.gelu(out, approximate="tanh") if self.gelu else out
+        if not (self.gelu and x.is_cuda and self.prepared_bias is not None):
+            # (on a CPU _addmm_activation's GELU is the exact one, not tanh)
+            out = F.linear(x, self.prepared_weight, self.prepared_bias)
+            return F.gelu(out, approximate="tanh") if self.gelu else out
+        weight, bias = self.prepared_weight.to(dtype), self.prepared_bias.to(dtype)
+        rows = x.reshape(-1, x.shape[-1]).to(dtype)
+        out = torch._addmm_activation(bias, rows, weight.t(), use_gelu=True)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _fp8_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()
         scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
         bias = None if self.prepared_bias is None else self.prepared_bias.to(dtype)
@@ -142,6 +164,32 @@ def pad_mlp(mlp: nn.Module, up: str = "fc1", down: str = "fc2") -> bool:
     return True
 
 
+def gelu_into_gemm(mlp: nn.Module, up: str = "fc1", activation: str = "activation_fn") -> bool:
+    """A frozen MLP whose activation is tanh-approximated GELU computes it in `up`'s GEMM (its activation
+    becomes nn.Identity; `up`'s padding, if any, is kept). False, unchanged, when the activation is another
+    function or `up` trains."""
+    fc1, act = getattr(mlp, up), getattr(mlp, activation)
+    frozen = is_frozen_linear(fc1) or isinstance(fc1, FrozenLinear)
+    if not (frozen and _is_gelu_tanh(act)) or getattr(fc1, "gelu", False):
+        return False
+    kept = {
+        key: getattr(fc1, key, default) for key, default in (("pad_in", 0), ("pad_out", 0), ("fp8", False))
+    }
+    setattr(mlp, up, FrozenLinear(fc1, **kept, gelu=True))
+    setattr(mlp, activation, nn.Identity())
+    return True
+
+
+def _is_gelu_tanh(act: nn.Module) -> bool:
+    """transformers' GELUTanh (gelu_pytorch_tanh) or torch's nn.GELU(approximate="tanh")."""
+    if isinstance(act, nn.GELU):
+        return act.approximate == "tanh"
+    probe = torch.linspace(-4, 4, 33)
+    return type(act).__name__ in ("GELUTanh", "PytorchGELUTanh") and torch.allclose(
+        act(probe), F.gelu(probe, approximate="tanh")
+    )
+
+
 def use_fp8(scopes: list[nn.Module], exclude: tuple[str, ...] = ()) -> int:
     """Every frozen linear layer under `scopes` whose sizes FP8 takes, and whose name within its scope does
     not end with one of `exclude`, computes in FP8 (an nn.Linear or a padded FrozenLinear is replaced by an
@@ -162,6 +210,9 @@ def use_fp8(scopes: list[nn.Module], exclude: tuple[str, ...] = ()) -> int:
                     continue
                 parent_name, _, attr = name.rpartition(".")
                 parent = scope.get_submodule(parent_name) if parent_name else scope
-                setattr(parent, attr, FrozenLinear(child, pad_in=pad_in, pad_out=pad_out, fp8=True))
+                gelu = getattr(child, "gelu", False)
+                setattr(
+                    parent, attr, FrozenLinear(child, pad_in=pad_in, pad_out=pad_out, fp8=True, gelu=gelu)
+                )
             count += 1
     return count

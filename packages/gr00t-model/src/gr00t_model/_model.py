@@ -12,7 +12,7 @@ from torch import nn
 from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
-from ._frozen_linear import pad_mlp, use_fp8
+from ._frozen_linear import gelu_into_gemm, pad_mlp, use_fp8
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
 
@@ -88,12 +88,15 @@ class GR00TN16(nn.Module):
     def prepare_frozen_prefix(self, fp8: bool = False) -> dict[str, int]:
         """Prepare the frozen weights of the vision side once for faster GEMMs (`_frozen_linear`): each frozen
         SigLIP2 MLP padded from 4304 to 4352 wide (the same result; compiled, the down-projection then
-        takes cuBLAS's fused-bias kernel), and with `fp8` the frozen prefix's linear layers (SigLIP2 encoder,
-        connector, frozen Qwen3 layers) in FP8 with rowwise scales. FP8 changes the numerics and applies only
+        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue (one
+        bf16 rounding fewer), and with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector,
+        frozen Qwen3 layers) in FP8 with rowwise scales. FP8 changes the numerics and applies only
         when nothing before the first trainable weight needs gradients (the vision side frozen). Call before
         `compile_blocks`; parameters and state dict do not change. Returns the counts of what changed."""
         backbone = self.backbone
-        padded = sum(pad_mlp(layer.mlp) for layer in backbone.vision_model.encoder.layers)
+        layers = backbone.vision_model.encoder.layers
+        padded = sum(pad_mlp(layer.mlp) for layer in layers)
+        gelu_in_gemm = sum(gelu_into_gemm(layer.mlp) for layer in layers)
         depth = backbone.frozen_depth()
         quantized = 0
         if fp8 and depth is not None:
@@ -102,7 +105,7 @@ class GR00TN16(nn.Module):
             quantized = use_fp8([backbone.vision_model.encoder], exclude=("mlp.fc2",)) + use_fp8(
                 [backbone.mlp1, *backbone.language_model.layers[:depth]]
             )
-        return {"padded_mlps": padded, "fp8_linears": quantized}
+        return {"padded_mlps": padded, "gelu_in_gemm": gelu_in_gemm, "fp8_linears": quantized}
 
     def repeated_blocks(self) -> list[nn.Module]:
         """Every instance of the repeated blocks: SigLIP2 encoder layers, Qwen3 decoder layers, DiT blocks."""
