@@ -3,7 +3,8 @@
     PYTHONPATH=<the packages' src folders> python benchmarks/frozen_probe.py [--json OUT] [--variants ...]
 
 Prints (1) single GEMMs of the prefix's shapes in bf16 and fp8 with rowwise scales (with and without quantizing
-the activation); (2) whether torch.mm writes fp32 from bf16 (weight-gradient GEMMs into fp32 buffers); (3) the
+the activation); (2) whether torch.mm writes fp32 from bf16 (weight-gradient GEMMs into fp32 buffers); (2b) the
+SigLIP2 up-projection with its GELU as a separate pass and in the GEMM's epilogue (graph-timed); (3) the
 whole prefix (compiled blocks, one CUDA graph, no grad, batch 16, two 252x252 cameras) per variant, its time and
 its difference from the plain bf16 prefix, and the plain prefix's top ops by GPU time.
 """
@@ -15,7 +16,8 @@ import json
 import time
 
 import torch
-from _cuda_timing import cuda_ms
+import torch.nn.functional as F
+from _cuda_timing import cuda_graph_ms, cuda_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 from gr00t_model._frozen_linear import FP8, FP8_MAX, FrozenLinear
 from torch import nn
@@ -140,6 +142,21 @@ def out_dtype_mm() -> dict:
     return row
 
 
+def gelu_epilogue() -> dict:
+    """SigLIP2's padded up-projection at batch 16, two cameras: GEMM then a separate tanh GELU, GELU in the
+    GEMM's epilogue (FrozenLinear(gelu=True)), and the GEMM alone; ms per call, 20 calls in a CUDA graph."""
+    x = torch.randn(10368, 1152, device="cuda", dtype=torch.bfloat16)
+    lin = nn.Linear(1152, 4304, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    padded, fused = FrozenLinear(lin, pad_out=48), FrozenLinear(lin, pad_out=48, gelu=True)
+    row = {
+        "gemm_then_gelu_ms": cuda_graph_ms(lambda: F.gelu(padded(x), approximate="tanh")),
+        "gelu_in_epilogue_ms": cuda_graph_ms(lambda: fused(x)),
+        "gemm_alone_ms": cuda_graph_ms(lambda: padded(x)),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
@@ -148,11 +165,11 @@ def main() -> None:
         default="bf16,pad,fp8",
         help="bf16: as built; pad: prepare_frozen_prefix(); fp8: prepare_frozen_prefix(fp8=True)",
     )
-    p.add_argument("--sections", default="gemms,out_dtype_mm,prefix")
+    p.add_argument("--sections", default="gemms,out_dtype_mm,gelu_epilogue,prefix")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F")}
-    for key, fn in (("gemms", gemms), ("out_dtype_mm", out_dtype_mm),
+    for key, fn in (("gemms", gemms), ("out_dtype_mm", out_dtype_mm), ("gelu_epilogue", gelu_epilogue),
                     ("prefix", lambda: prefix_variants(a.variants.split(",")))):  # fmt: skip
         if key not in a.sections.split(","):
             continue

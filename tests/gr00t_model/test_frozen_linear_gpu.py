@@ -1,6 +1,6 @@
 """GPU only: frozen linears (`_frozen_linear`) on CUDA. FP8 compiled and captured in a CUDA graph agrees with its
 eager run, and the eager run with the dequantized product (rowwise FP8 keeps the scales' meaning); the padded
-SigLIP2 MLP, compiled and graphed, gives the plain prefix; GELU in the GEMM epilogue is tanh GELU, rounded once."""
+SigLIP2 MLP, compiled and graphed, gives the plain prefix; GELU in the GEMM epilogue is tanh GELU, rounded no worse than in two passes."""
 
 from __future__ import annotations
 
@@ -62,9 +62,8 @@ def test_compiled_and_graphed_fp8_linear_equals_eager() -> None:
 
 def test_prepared_prefix_compiled_and_graphed() -> None:
     """Prepared (padded, GELU in the GEMM epilogue), compiled and graphed, the prefix is no further from the
-    fp32 result than the plain bf16 prefix is: padding adds exact zeros, and the epilogue rounds the
-    activation once where the plain path rounds it twice, so only GEMM kernel choice and rounding order
-    differ. FP8 vs bf16: what 3 mantissa bits over a few layers allow, compiled and graphed as much as eager.
+    fp32 result than the plain bf16 prefix is: padding adds exact zeros, and the epilogue rounds no worse
+    than the two-pass activation, so only GEMM kernel choice and rounding order differ. FP8 vs bf16: what 3 mantissa bits over a few layers allow, compiled and graphed as much as eager.
     (Compiled and eager FP8 are not compared with each other directly: fused kernels round bf16 slightly
     differently, and each such difference moves some activations to the neighbouring fp8 value, 6% away;
     one layer with identical inputs is compared above.)"""
@@ -102,8 +101,8 @@ def test_prepared_prefix_compiled_and_graphed() -> None:
 
 def test_gelu_in_the_gemm_epilogue() -> None:
     """cuBLASLt's GELU epilogue is the tanh approximation (fp32: far closer to it than to exact GELU, whose
-    gap the test sees), and in bf16 it rounds once where the separate activation rounds twice: its error from
-    the fp32 result is at most that of the two-pass path, about 2^-9 relative RMS (one bf16 rounding)."""
+    gap the test sees), and in bf16 its error from the fp64 result is at most that of the two-pass path (which
+    rounds the pre-activation, then the activation), within about one bf16 rounding (2^-9 relative)."""
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         linear = nn.Linear(1152, 4304, device="cuda", dtype=dtype).requires_grad_(False)

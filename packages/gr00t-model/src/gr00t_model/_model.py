@@ -88,8 +88,7 @@ class GR00TN16(nn.Module):
     def prepare_frozen_prefix(self, fp8: bool = False) -> dict[str, int]:
         """Prepare the frozen weights of the vision side once for faster GEMMs (`_frozen_linear`): each frozen
         SigLIP2 MLP padded from 4304 to 4352 wide (the same result; compiled, the down-projection then
-        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue (one
-        bf16 rounding fewer), and with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector,
+        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue, and with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector,
         frozen Qwen3 layers) in FP8 with rowwise scales. FP8 changes the numerics and applies only
         when nothing before the first trainable weight needs gradients (the vision side frozen). Call before
         `compile_blocks`; parameters and state dict do not change. Returns the counts of what changed."""
