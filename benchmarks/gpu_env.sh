@@ -15,3 +15,7 @@ fi
 export PYTHONPATH="/tmp/site:$(ls -d "$PWD"/packages/*/src | tr '\n' ':')${PYTHONPATH:-}"
 export LD_LIBRARY_PATH="/tmp/ffmpeg:/tmp/site/av.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
+if ! python3 -c "import av" 2>/dev/null; then
+  # Without PyAV the tests and benchmarks that write synthetic videos fail late (25 GPU tests error): say so now.
+  echo "gpu_env.sh: PyAV is not importable: no wheels in $whl (run the device call with carry=[\".gpu\"])" >&2
+fi
