@@ -22,19 +22,25 @@ def cuda_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float
     return start.elapsed_time(end) / iters
 
 
-def cuda_graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 5) -> float:
-    """Milliseconds per call of `fn` with `calls` calls captured in one CUDA graph and replayed: the GPU time
-    of kernels too short to time from Python, whose launches would otherwise set the pace."""
+def capture(fn: Callable[[], object], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`fn` warmed up `warmup` times on a side stream (compilation, allocation), then captured once in a CUDA
+    graph: the graph and what the captured call returned (its static outputs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        out = fn()
+    return graph, out
+
+
+def cuda_graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 5) -> float:
+    """Milliseconds per call of `fn` with `calls` calls captured in one CUDA graph and replayed: the GPU time
+    of kernels too short to time from Python, whose launches would otherwise set the pace."""
+    graph, _ = capture(lambda: [fn() for _ in range(calls)], warmup=1)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

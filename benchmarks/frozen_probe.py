@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _cuda_timing import cuda_graph_ms, cuda_ms
+from _cuda_timing import capture, cuda_graph_ms, cuda_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 from gr00t_model._frozen_linear import FP8, FP8_MAX, FrozenLinear
 from torch import nn
@@ -84,15 +84,7 @@ def prefix_variants(names: list[str]) -> list[dict]:
         model.compile_blocks()
         t0 = time.perf_counter()
         with torch.no_grad():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    model.frozen_prefix(batch)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = model.frozen_prefix(batch)
+            graph, out = capture(lambda: model.frozen_prefix(batch))
         start_s = time.perf_counter() - t0
         ms = cuda_ms(graph.replay)
         hidden = out.hidden.float().clone()

@@ -18,7 +18,7 @@ import time
 import torch
 import triton
 import triton.language as tl
-from _cuda_timing import cuda_ms
+from _cuda_timing import capture, cuda_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 
 N = 1_620_000_000
@@ -79,16 +79,7 @@ def prefix_graphs(carveouts: list[int]):
     with torch.no_grad():
         for c in carveouts:
             torch._C._set_sm_carveout_experimental(c or None)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    model.frozen_prefix(batch)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                model.frozen_prefix(batch)
-            graphs[c] = graph
+            graphs[c], _ = capture(lambda: model.frozen_prefix(batch), warmup=2)
         torch._C._set_sm_carveout_experimental(None)
     return graphs
 
