@@ -30,6 +30,22 @@ BUILT_WITH = {  # variants that must be in place while the Trainer is built
     "ours-full-coordinate-descent": lambda: mock.patch.object(
         torch, "compile", _with_options(coordinate_descent_tuning=True)
     ),
+    # coordinate descent for the frozen vision blocks only: their forward-only kernels are few, so tuning them
+    # should cost seconds, where tuning every block's forward and backward cost 100 s (sixth pass)
+    "ours-full-cd-vision": lambda: mock.patch.object(
+        torch, "compile", _with_options(blocks=("Siglip2EncoderLayer",), coordinate_descent_tuning=True)
+    ),
+    # the same for SigLIP2 and the Qwen3 layers (12 frozen, 4 trainable ones share the class)
+    "ours-full-cd-backbone": lambda: mock.patch.object(
+        torch,
+        "compile",
+        _with_options(blocks=("Siglip2EncoderLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
+    ),
+    # Inductor's default reductions: no persistent variant past 1024 elements per row (before the seventh pass,
+    # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
+    "ours-full-looped-reductions": lambda: mock.patch.object(
+        torch, "compile", _with_options(**{"triton.multi_kernel": 0})
+    ),
     # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
     "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
@@ -59,10 +75,14 @@ def _torch_norm(flat):
     return grad_norm
 
 
-def _with_options(**options):
+def _with_options(blocks: tuple[str, ...] | None = None, **options):
+    """torch.compile with Inductor `options`, for every block or only for the block classes named in `blocks`."""
     compile_ = torch.compile
 
     def compile_with_options(fn, **kwargs):
+        owner = type(getattr(fn, "__self__", None)).__name__
+        if blocks is not None and owner not in blocks:
+            return compile_(fn, **kwargs)
         return compile_(fn, options={**kwargs.pop("options", {}), **options}, **kwargs)
 
     return compile_with_options

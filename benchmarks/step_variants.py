@@ -15,7 +15,8 @@ stack and eager for N steps with dropout off on identical batches and reports th
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
-`-fp32-grads`, `-separate-gelu`, `-coordinate-descent` and `-max-autotune` are measured variants of
+`-fp32-grads`, `-separate-gelu`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
+`-max-autotune` are measured variants of
 `ours-full` (_step_patches.py); `ours-serial` runs the flat update on
 the compute stream. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained

@@ -106,3 +106,31 @@ def test_compiled_blocks_keep_names_reuse_one_graph_per_block_type_and_match_eag
     torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-6, atol=0)
     for name in grads_eager:
         torch.testing.assert_close(grads_compiled[name], grads_eager[name], rtol=1e-5, atol=1e-7)
+
+
+def test_compile_blocks_gives_inductor_its_options_and_leaves_other_compiles_alone() -> None:
+    from unittest import mock
+
+    from gr00t_model._model import INDUCTOR_OPTIONS
+
+    model = GR00TN16(GR00TConfig.preset("tiny"))
+    calls = []
+    with mock.patch.object(torch, "compile", lambda fn, **kw: calls.append(kw) or fn):
+        for options in (
+            {},
+            {"options": {"triton.multi_kernel": 0}},
+            {"backend": "aot_eager"},
+            {"mode": "max-autotune"},
+        ):
+            calls.clear()
+            model.compile_blocks(**options)
+            model.uncompile_blocks()
+            assert len(calls) == len(model.repeated_blocks()) and all(kw == calls[0] for kw in calls)
+            given = calls[0]
+            assert given["dynamic"] is False
+            if not options:
+                assert given["options"] == INDUCTOR_OPTIONS and given["options"]["triton.multi_kernel"] == 1
+            elif "options" in options:  # the caller's Inductor options win over ours
+                assert given["options"] == {**INDUCTOR_OPTIONS, "triton.multi_kernel": 0}
+            else:  # another backend, or a mode (torch.compile takes a mode or options, not both)
+                assert "options" not in given

@@ -16,6 +16,13 @@ from ._frozen_linear import gelu_into_gemm, pad_mlp, use_fp8
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
 
+INDUCTOR_OPTIONS = {
+    # Reductions up to 16x longer than Inductor's default (1024 elements per row) get a persistent variant
+    # too, and the faster one is kept (timed once, on first run). SigLIP2's LayerNorms over 1152 channels
+    # otherwise run looped at about 1 TB/s: +2.3% samples/s on an H200 (BENCHMARKS.md, seventh pass).
+    "triton.multi_kernel": 1,
+}
+
 
 class GR00TN16(nn.Module):
     """GR00T N1.6 vision-language-action model.
@@ -118,8 +125,11 @@ class GR00TN16(nn.Module):
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
         frozen vs trainable Qwen3 layers) compiles once and every instance reuses it; the code outside the
-        blocks stays eager. `options` go to torch.compile (default: dynamic=False). Returns the count."""
+        blocks stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor the
+        `INDUCTOR_OPTIONS` below unless `mode` or Inductor `options` are given). Returns the count."""
         options = {"dynamic": False, **options}
+        if options.get("backend", "inductor") == "inductor" and "mode" not in options:
+            options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
         blocks = self.repeated_blocks()
         for block in blocks:
             if "forward" not in vars(block):
