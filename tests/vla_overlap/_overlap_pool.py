@@ -41,6 +41,7 @@ WORKER_MODULES = (
     "_workers_buffers",
     "_workers_errors",
     "_workers_edge_cases",
+    "_workers_in_place",
 )
 
 

@@ -80,6 +80,8 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             ddp, optimizer = ddp_with_adamw(model, groups, adamw)
             return SyncPlan(ddp, optimizer, DDPGradSync(ddp), False, _clipper(optimizer))
         wrapped = vla_overlap.OverlapDataParallel(model, overlap)
+        if opts.weight_grads_in_place and overlap.grad_reduce_dtype is None:
+            wrapped.write_weight_grads_in_place()  # buffers in the weights' dtype: the GEMMs can write them
         if opts.comm == "zero1_overlap":
             optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=_flat_kernel(opts, env))
         else:

@@ -198,6 +198,11 @@ class OptimizationsConfig(_Section):
     n1.6-3b on an H200; torch's fused AdamW and the write-back 21-24 ms). auto = on with comm=zero1_overlap
     on CUDA; on needs both.
     """
+    weight_grads_in_place: bool = True
+    """Where the gradient buffers hold the weights' own dtype (bf16 weights with the flat step, one microbatch,
+    one rank), each trainable nn.Linear's weight-gradient GEMM writes its buffer directly instead of a new
+    tensor that a hook then copies (vla-overlap's `write_weight_grads_in_place`). The same GEMM, one pass over
+    the gradients fewer."""
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""

@@ -16,6 +16,7 @@ from ._broadcast import broadcast_module_states
 from ._comm import CommStream, Communicator
 from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets, accumulate_into
+from ._grad_in_bucket import SECOND_GRADIENT, route_linears
 from ._hooks import current_autograd_node, weak_call
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
@@ -93,6 +94,7 @@ class OverlapDataParallel(nn.Module):
             UsedFlags(self._comm, self._stream, self._device) if self.config.allow_unused_params else None
         )
         self._unused: frozenset[int] = frozenset()  # slots no rank used this step: .grad stays None
+        self._in_place: frozenset[int] = frozenset()  # slots whose Linear's GEMM writes the buffer itself
         self._placeholders: list[torch.Tensor] = []  # the .grad of each parameter under ZeRO-1
         self._hooks_fired = False
         self._callback_queued = False
@@ -162,6 +164,14 @@ class OverlapDataParallel(nn.Module):
             self._used.wait()  # launched by a start_grad_sync() on every rank: done; a replay used everything
         self._phase = _Phase.FINISHED
         self._expose_grads()
+
+    def write_weight_grads_in_place(self) -> int:
+        """Each nn.Linear whose trainable weight has a buffer of its own dtype computes its weight gradient
+        straight into it, not for the hook to copy (contract: `_grad_in_bucket`). Returns the layers routed."""
+        targets = {id(p): g for p, g in zip(self._params, self._grads.main_grads)}
+        routed = route_linears(self.module, targets, accumulate=not self.config.overwrite_first_grad)
+        self._in_place = frozenset(self._slot_of[key] for key in routed)
+        return len(routed)
 
     def zero_grad_buffer(self) -> None:
         """Start a new step: zero the gradient buffers and forget which gradients arrived."""
@@ -310,7 +320,10 @@ class OverlapDataParallel(nn.Module):
     def _accumulate(self, slot: int, grad: torch.Tensor) -> None:
         """Add a gradient into its buffer; the step's first one is copied when buffers are not zeroed."""
         first = not self._seen[slot] and self.config.overwrite_first_grad
-        accumulate_into(self._grads.main_grads[slot], grad, first)
+        if slot not in self._in_place:
+            accumulate_into(self._grads.main_grads[slot], grad, first)
+        elif self._seen[slot] and self.config.overwrite_first_grad:  # the GEMM overwrote the first one
+            raise RuntimeError(SECOND_GRADIENT.format(name=self.layout.slots[slot].name))
         self._seen[slot] = True
 
     def _zero_unseen(self) -> None:

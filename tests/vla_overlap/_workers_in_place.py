@@ -1,0 +1,50 @@
+"""Worker scenarios of weight gradients written into the buffers by their GEMMs (write_weight_grads_in_place)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from _workers_common import batch, make_model
+from vla_overlap import OverlapConfig, OverlapDataParallel
+
+
+def _wrapped(ctx: Any, in_place: bool, **config: Any) -> tuple[OverlapDataParallel, int]:
+    # grad_reduce_dtype=None: buffers in the weights' own dtype, the only ones a GEMM can write into
+    config = OverlapConfig(bucket_elements=600, grad_reduce_dtype=None, **config)
+    model = OverlapDataParallel(make_model(), config, process_group=ctx.group)
+    return model, model.write_weight_grads_in_place() if in_place else 0
+
+
+def in_place_equals_copies(ctx: Any, micro: int = 1) -> dict[str, Any]:
+    """One step of `micro` microbatches with and without in-place weight gradients; the reduced buffers.
+    With several microbatches the buffers are zeroed at the step's start and the GEMMs add into them."""
+    grads, routed = [], 0
+    for in_place in (False, True):
+        model, count = _wrapped(ctx, in_place, overwrite_first_grad=micro == 1)
+        routed = max(routed, count)
+        model.zero_grad_buffer()
+        for m in range(micro):
+            x, y = batch(0, m, ctx.rank, ctx.world_size)
+            if m < micro - 1:
+                with model.no_sync():
+                    F.mse_loss(model(x), y).backward()
+            else:
+                F.mse_loss(model(x), y).backward()
+        grads.append([p.main_grad.clone() for p in model.trainable_parameters()])
+    return {"routed": routed, "plain": grads[0], "in_place": grads[1]}
+
+
+def in_place_second_backward_raises(ctx: Any) -> dict[str, Any]:
+    """Writing GEMMs hold one backward per step: a second gradient in the step must raise, not overwrite."""
+    model, _ = _wrapped(ctx, True)
+    model.zero_grad_buffer()
+    x, y = batch(0, 0, ctx.rank, ctx.world_size)
+    with model.no_sync():
+        F.mse_loss(model(x), y).backward()
+    try:
+        with model.no_sync():
+            F.mse_loss(model(x), y).backward()
+    except RuntimeError as error:
+        return {"raised": str(error)}
+    return {"raised": None}
