@@ -21,6 +21,10 @@ INDUCTOR_OPTIONS = {
     # too, and the faster one is kept (timed once, on first run). SigLIP2's LayerNorms over 1152 channels
     # otherwise run looped at about 1 TB/s: +2.3% samples/s on an H200 (BENCHMARKS.md, seventh pass).
     "triton.multi_kernel": 1,
+    # torch 2.11 cannot load a multi-kernel graph back from Inductor's FX graph cache (the kernels' hash
+    # lock is dropped for pickling; MultiKernelCall reads it first), so a second process crashed at its
+    # first compile. Without the cache (and so without AOTAutograd's) every run compiles: about 45 s.
+    "fx_graph_cache": False,
 }
 
 
