@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -18,6 +19,8 @@ from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import ConfigError
 from ._optim import param_groups
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,7 +84,9 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             return SyncPlan(ddp, optimizer, DDPGradSync(ddp), False, _clipper(optimizer))
         wrapped = vla_overlap.OverlapDataParallel(model, overlap)
         if opts.weight_grads_in_place and overlap.grad_reduce_dtype is None:
-            wrapped.write_weight_grads_in_place()  # buffers in the weights' dtype: the GEMMs can write them
+            # buffers in the weights' dtype: the GEMMs can write them
+            routed = wrapped.write_weight_grads_in_place()
+            log.info("weight gradients: %d linear layers write their gradient buffers directly", routed)
         if opts.comm == "zero1_overlap":
             optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=_flat_kernel(opts, env))
         else:
