@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import gc
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from _workers_common import batch, make_model
 from vla_overlap import OverlapConfig, OverlapDataParallel
@@ -48,3 +51,24 @@ def in_place_second_backward_raises(ctx: Any) -> dict[str, Any]:
     except RuntimeError as error:
         return {"raised": str(error)}
     return {"raised": None}
+
+
+def in_place_outlived_by_the_module(ctx: Any) -> dict[str, Any]:
+    """The module outlives its wrapper: its layers are plain again, so backward gives real `.grad`s (a routed
+    layer would leave an uninitialized placeholder there, with no hook left to drop it)."""
+    module = make_model()
+    reference = copy.deepcopy(module)
+    config = OverlapConfig(bucket_elements=600, grad_reduce_dtype=None)
+    model = OverlapDataParallel(module, config, process_group=ctx.group)
+    routed = model.write_weight_grads_in_place()
+    del model
+    gc.collect()
+    x, y = batch(0, 0, ctx.rank, ctx.world_size)
+    for each in (module, reference):
+        F.mse_loss(each(x), y).backward()
+    pairs = [(a, b) for a, b in zip(module.parameters(), reference.parameters()) if a.requires_grad]
+    return {
+        "routed": routed,
+        "plain": all("forward" not in vars(m) for m in module.modules()),
+        "equal": all(torch.equal(a.grad, b.grad) for a, b in pairs),
+    }

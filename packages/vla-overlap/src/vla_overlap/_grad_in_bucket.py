@@ -117,18 +117,24 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return _LinearGradInBucket.apply(x, weight, bias, self._grad_bucket_view, self._grad_accumulate)
 
 
-def route_linears(module: nn.Module, targets: dict[int, torch.Tensor], accumulate: bool) -> set[int]:
+def route_linears(module: nn.Module, targets: dict[int, torch.Tensor], accumulate: bool) -> list[nn.Linear]:
     """Route every nn.Linear of `module` whose weight has a target view (by the weight's id) of its own
-    dtype, and whose weight no other Linear holds. Returns the ids of the routed weights."""
+    dtype, and whose weight no other Linear holds. Returns the routed layers."""
     linears = [m for m in module.modules() if type(m) is nn.Linear]
     holders: dict[int, int] = {}
     for linear in linears:
         holders[id(linear.weight)] = holders.get(id(linear.weight), 0) + 1
-    routed = set()
+    routed = []
     for linear in linears:
         key = id(linear.weight)
         target = targets.get(key)
         if target is not None and holders[key] == 1 and target.dtype == linear.weight.dtype:
             route_weight_grad(linear, target, accumulate)
-            routed.add(key)
+            routed.append(linear)
     return routed
+
+
+def unroute_linears(linears: list[nn.Linear]) -> None:
+    """Plain layers again: when their buffers' owner is gone, nothing would drop the placeholder gradients."""
+    for linear in linears:
+        unroute_weight_grad(linear)

@@ -16,7 +16,7 @@ from ._broadcast import broadcast_module_states
 from ._comm import CommStream, Communicator
 from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets, accumulate_into
-from ._grad_in_bucket import SECOND_GRADIENT, route_linears
+from ._grad_in_bucket import SECOND_GRADIENT, route_linears, unroute_linears
 from ._hooks import current_autograd_node, weak_call
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
@@ -170,7 +170,8 @@ class OverlapDataParallel(nn.Module):
         straight into it, not for the hook to copy (contract: `_grad_in_bucket`). Returns the layers routed."""
         targets = {id(p): g for p, g in zip(self._params, self._grads.main_grads)}
         routed = route_linears(self.module, targets, accumulate=not self.config.overwrite_first_grad)
-        self._in_place = frozenset(self._slot_of[key] for key in routed)
+        self._in_place = frozenset(self._slot_of[id(linear.weight)] for linear in routed)
+        weakref.finalize(self, unroute_linears, routed)  # a module that outlives the wrapper trains plainly
         return len(routed)
 
     def zero_grad_buffer(self) -> None:
