@@ -72,3 +72,23 @@ def in_place_outlived_by_the_module(ctx: Any) -> dict[str, Any]:
         "plain": all("forward" not in vars(m) for m in module.modules()),
         "equal": all(torch.equal(a.grad, b.grad) for a, b in pairs),
     }
+
+
+def in_place_rewrapped(ctx: Any) -> dict[str, Any]:
+    """A module wrapped again: when the first wrapper is collected, the layers stay routed to the second's
+    buffers (the first must not undo routes it no longer owns), which then hold the plain path's gradients."""
+    config = OverlapConfig(bucket_elements=600, grad_reduce_dtype=None)
+    module = make_model()
+    reference = OverlapDataParallel(copy.deepcopy(module), config, process_group=ctx.group)
+    first = OverlapDataParallel(module, config, process_group=ctx.group)
+    first.write_weight_grads_in_place()
+    second = OverlapDataParallel(module, config, process_group=ctx.group)
+    routed = second.write_weight_grads_in_place()
+    del first
+    gc.collect()
+    x, y = batch(0, 0, ctx.rank, ctx.world_size)
+    for wrapped in (second, reference):
+        wrapped.zero_grad_buffer()
+        F.mse_loss(wrapped(x), y).backward()
+    pairs = zip(second.trainable_parameters(), reference.trainable_parameters())
+    return {"routed": routed, "equal": all(torch.equal(a.main_grad, b.main_grad) for a, b in pairs)}

@@ -115,3 +115,8 @@ def test_a_second_backward_in_a_writing_step_raises(pool) -> None:
 def test_a_module_that_outlives_its_wrapper_trains_plainly(pool) -> None:
     (result,) = pool.run("in_place_outlived_by_the_module", 1)
     assert result == {"routed": 8, "plain": True, "equal": True}
+
+
+def test_a_rewrapped_module_keeps_the_new_wrappers_routes(pool) -> None:
+    (result,) = pool.run("in_place_rewrapped", 1)
+    assert result == {"routed": 8, "equal": True}

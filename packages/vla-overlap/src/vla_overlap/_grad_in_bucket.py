@@ -134,7 +134,9 @@ def route_linears(module: nn.Module, targets: dict[int, torch.Tensor], accumulat
     return routed
 
 
-def unroute_linears(linears: list[nn.Linear]) -> None:
-    """Plain layers again: when their buffers' owner is gone, nothing would drop the placeholder gradients."""
-    for linear in linears:
-        unroute_weight_grad(linear)
+def unroute_linears(routes: list[tuple[nn.Linear, torch.Tensor]]) -> None:
+    """Plain layers again, each only if still routed to the given view (another owner may have routed it
+    since): when their buffers' owner is gone, nothing would drop the placeholder gradients."""
+    for linear, view in routes:
+        if vars(linear).get("_grad_bucket_view") is view:
+            unroute_weight_grad(linear)

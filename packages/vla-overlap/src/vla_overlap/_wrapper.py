@@ -166,12 +166,12 @@ class OverlapDataParallel(nn.Module):
         self._expose_grads()
 
     def write_weight_grads_in_place(self) -> int:
-        """Each nn.Linear whose trainable weight has a buffer of its own dtype computes its weight gradient
-        straight into it, not for the hook to copy (contract: `_grad_in_bucket`). Returns the layers routed."""
+        """While this wrapper lives, each nn.Linear whose trainable weight has a buffer of its dtype writes its
+        weight gradient there, not for the hook to copy (contract: `_grad_in_bucket`). Returns the count."""
         targets = {id(p): g for p, g in zip(self._params, self._grads.main_grads)}
         routed = route_linears(self.module, targets, accumulate=not self.config.overwrite_first_grad)
         self._in_place = frozenset(self._slot_of[id(linear.weight)] for linear in routed)
-        weakref.finalize(self, unroute_linears, routed)  # a module that outlives the wrapper trains plainly
+        weakref.finalize(self, unroute_linears, [(m, m._grad_bucket_view) for m in routed])  # then plain
         return len(routed)
 
     def zero_grad_buffer(self) -> None:
