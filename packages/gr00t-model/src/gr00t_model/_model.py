@@ -99,8 +99,9 @@ class GR00TN16(nn.Module):
     def prepare_frozen_prefix(self, fp8: bool = False) -> dict[str, int]:
         """Prepare the frozen weights of the vision side once for faster GEMMs (`_frozen_linear`): each frozen
         SigLIP2 MLP padded from 4304 to 4352 wide (the same result; compiled, the down-projection then
-        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue, and with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector,
-        frozen Qwen3 layers) in FP8 with rowwise scales. FP8 changes the numerics and applies only
+        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue, and
+        with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector, frozen Qwen3 layers) in FP8
+        with rowwise scales. FP8 changes the numerics and applies only
         when nothing before the first trainable weight needs gradients (the vision side frozen). Call before
         `compile_blocks`; parameters and state dict do not change. Returns the counts of what changed."""
         backbone = self.backbone
@@ -130,7 +131,7 @@ class GR00TN16(nn.Module):
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
         frozen vs trainable Qwen3 layers) compiles once and every instance reuses it; the code outside the
         blocks stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor the
-        `INDUCTOR_OPTIONS` below unless `mode` or Inductor `options` are given). Returns the count."""
+        this module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count."""
         options = {"dynamic": False, **options}
         if options.get("backend", "inductor") == "inductor" and "mode" not in options:
             options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}

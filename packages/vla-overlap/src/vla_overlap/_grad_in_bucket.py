@@ -20,6 +20,7 @@ and a second gradient raises; without it, the GEMM adds into the zeroed buffer (
 from __future__ import annotations
 
 import types
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -75,9 +76,7 @@ def own_view(buffer: torch.Tensor) -> torch.Tensor:
     refuse the saved view as modified in place."""
     view = torch.empty(0, dtype=buffer.dtype, device=buffer.device)
     view.set_(buffer.untyped_storage(), buffer.storage_offset(), buffer.shape, buffer.stride())
-    mark_static = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
-    if mark_static is not None:  # compiled with cudagraph trees, a non-static input would be copied
-        mark_static(view)
+    torch._dynamo.mark_static_address(view)  # under cudagraph trees a non-static input would be copied
     return view
 
 
@@ -121,9 +120,7 @@ def route_linears(module: nn.Module, targets: dict[int, torch.Tensor], accumulat
     """Route every nn.Linear of `module` whose weight has a target view (by the weight's id) of its own
     dtype, and whose weight no other Linear holds. Returns the routed layers."""
     linears = [m for m in module.modules() if type(m) is nn.Linear]
-    holders: dict[int, int] = {}
-    for linear in linears:
-        holders[id(linear.weight)] = holders.get(id(linear.weight), 0) + 1
+    holders = Counter(id(linear.weight) for linear in linears)
     routed = []
     for linear in linears:
         key = id(linear.weight)
