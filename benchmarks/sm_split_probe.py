@@ -108,16 +108,162 @@ def together(graph, update: Update, programs: int, warps: int) -> dict:
     return {"prefix_ms": prefix, "update_ms": upd, "both_ms": max(prefix, upd)}
 
 
+# ----------------------------------------------------------------------------- second pass (--split2)
+@triton.jit
+def adamw_range(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, per_program, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                PREFETCH: tl.constexpr):  # fmt: skip
+    """Each program walks its own contiguous range (no descriptor loads); STAGES > 1 asks Triton's pipeliner
+    for loads in flight across iterations, PREFETCH carries the next block's loads through the loop."""
+    start = tl.program_id(0).to(tl.int64) * per_program
+    lanes = tl.arange(0, BLOCK)
+    if PREFETCH:
+        o = start + lanes
+        p, g, m, v = tl.load(p_ptr + o), tl.load(g_ptr + o), tl.load(m_ptr + o), tl.load(v_ptr + o)
+        for s in range(0, per_program, BLOCK):
+            o = start + s + lanes
+            nxt = o + BLOCK
+            live = (s + BLOCK + lanes) < per_program
+            p2 = tl.load(p_ptr + nxt, mask=live)
+            g2 = tl.load(g_ptr + nxt, mask=live)
+            m2 = tl.load(m_ptr + nxt, mask=live)
+            v2 = tl.load(v_ptr + nxt, mask=live)
+            gf = g.to(tl.float32)
+            p = p * 0.9999
+            m = m + 0.1 * (gf - m)
+            v = v * 0.999 + 0.001 * gf * gf
+            p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
+            tl.store(p_ptr + o, p)
+            tl.store(m_ptr + o, m)
+            tl.store(v_ptr + o, v)
+            tl.store(out_ptr + o, p.to(tl.bfloat16))
+            p, g, m, v = p2, g2, m2, v2
+    else:
+        for s in tl.range(0, per_program, BLOCK, num_stages=STAGES):
+            o = start + s + lanes
+            p = tl.load(p_ptr + o)
+            g = tl.load(g_ptr + o).to(tl.float32)
+            m = tl.load(m_ptr + o)
+            v = tl.load(v_ptr + o)
+            p = p * 0.9999
+            m = m + 0.1 * (g - m)
+            v = v * 0.999 + 0.001 * g * g
+            p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
+            tl.store(p_ptr + o, p)
+            tl.store(m_ptr + o, m)
+            tl.store(v_ptr + o, v)
+            tl.store(out_ptr + o, p.to(tl.bfloat16))
+
+
+@triton.jit
+def sumsq_range(g_ptr, partial_ptr, per_program, BLOCK: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64) * per_program
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.range(0, per_program, BLOCK, num_stages=3):
+        g = tl.load(g_ptr + start + s + tl.arange(0, BLOCK)).to(tl.float32)
+        acc += g * g
+    tl.store(partial_ptr + tl.program_id(0), tl.sum(acc))
+
+
+class RangeUpdate:
+    """The real layout's bytes: fp32 master, m, v; bf16 gradient and bf16 working copy (30 bytes/param)."""
+
+    def __init__(self) -> None:
+        self.p, self.m, self.v = (torch.rand(N, device="cuda") for _ in range(3))
+        self.g = torch.rand(N, device="cuda").to(torch.bfloat16)
+        self.out = torch.empty(N, device="cuda", dtype=torch.bfloat16)
+        self.partial = torch.zeros(4096, device="cuda")
+
+    def run(self, programs: int, block: int, warps: int, mode: str, norm: bool = True) -> None:
+        per = (N // programs) // 8192 * 8192  # the probe covers all but < programs * 8192 elements
+        if norm:
+            sumsq_range[(programs,)](self.g, self.partial, per, BLOCK=4096, num_warps=8)
+        stages = int(mode[1:]) if mode.startswith("s") else 1
+        adamw_range[(programs,)](self.p, self.g, self.m, self.v, self.out, per, BLOCK=block, STAGES=stages,
+                                 PREFETCH=mode == "prefetch", num_warps=warps)  # fmt: skip
+
+
+def split2(a, result: dict) -> None:
+    x = torch.randn(10368, 1152, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1152, 4352, device="cuda", dtype=torch.bfloat16)
+    mm = {}
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        for c in (0, 33, 66):
+            torch._C._set_sm_carveout_experimental(c or None)
+            mm[f"{lib}/{c}"] = cuda_ms(lambda: x @ w, 20)
+    torch._C._set_sm_carveout_experimental(None)
+    torch.backends.cuda.preferred_blas_library("cublas")
+    result["mm_ms_by_lib_carveout"] = mm
+    print("mm by lib/carveout:", {k: round(v, 4) for k, v in mm.items()}, flush=True)
+    up = RangeUpdate()
+    alone = {}
+    for mode in ("s1", "s3", "prefetch"):
+        for block, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 32)):
+            key = f"32p/{mode}/{block}/{warps}w"
+            if mode == "s3" and block > 4096:
+                continue  # Triton's pipeliner stages these loads through shared memory: too big
+            alone[key] = cuda_ms(
+                lambda b=block, w=warps, m=mode: up.run(32, b, w, m, norm=False), 3, warmup=1
+            )
+            print(key, round(alone[key], 2), "ms", round(N * 30 / alone[key] / 1e9, 2), "TB/s", flush=True)
+    best = sorted(alone, key=alone.get)[:3]
+    for key in best:
+        _, mode, block, warps = key.split("/")
+        for p in (24, 40, 48, 64, 132):
+            k2 = f"{p}p/{mode}/{block}/{warps}"
+            alone[k2] = cuda_ms(
+                lambda p=p, b=int(block), w=int(warps[:-1]), m=mode: up.run(p, b, w, m), 3, warmup=1
+            )
+            print(k2, "(with norm)", round(alone[k2], 2), "ms", flush=True)
+    result["range_update_alone_ms"] = alone
+    mode, block, warps = best[0].split("/")[1:]
+    carveouts = [int(c) for c in a.carveouts.split(",")]
+    rows = []
+    for lib in ("cublaslt", "cublas"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        graphs = prefix_graphs(carveouts)
+        torch.backends.cuda.preferred_blas_library("cublas")
+        prefix_alone = {c: cuda_ms(g.replay, 5) for c, g in graphs.items()}
+        print(lib, "prefix alone by carveout:", {c: round(v, 2) for c, v in prefix_alone.items()}, flush=True)
+        result[f"prefix_alone_ms_{lib}"] = prefix_alone
+        for c in carveouts:
+            for p in (c, c + 8, c + 16) if c else (32, 48):
+                u = _RangeAsUpdate(up, int(block), int(warps[:-1]), mode)
+                row = {"lib": lib, "carveout": c, "programs": p, "kernel": best[0].split("/", 1)[1],
+                       **together(graphs[c], u, p, 0)}  # fmt: skip
+                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
+                      flush=True)  # fmt: skip
+                rows.append(row)
+        del graphs
+    result["together_range"] = rows
+    print("best:", min(rows, key=lambda r: r["both_ms"]), flush=True)
+
+
+class _RangeAsUpdate:
+    def __init__(self, up, block, warps, mode):
+        self.up, self.block, self.warps, self.mode = up, block, warps, mode
+
+    def run(self, programs, _warps):
+        self.up.run(programs, self.block, self.warps, self.mode)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
     p.add_argument("--carveouts", default="0,8,16,24,32,48")
     p.add_argument("--programs", default="8,16,24,32,48,66,132,264,528")
+    p.add_argument("--split2", action="store_true", help="the second pass: range kernels, cublasLt carveout")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F"),
               "sms": sms}  # fmt: skip
+    if a.split2:
+        split2(a, result)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+        return
     # does the carveout reach plain bf16 matmuls?
     x = torch.randn(10368, 1152, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1152, 4352, device="cuda", dtype=torch.bfloat16)

@@ -19,7 +19,8 @@ same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unalig
 `-max-autotune` are measured variants of
 `ours-full` (_step_patches.py); `ours-serial` runs the flat update on
 the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
-GEMMs write them. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
+GEMMs write them; `ours-full-gathered-embodiments` gathers each sample's per-embodiment matrices instead of the
+grouped GEMMs. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
 
@@ -57,6 +58,8 @@ ROWS["ours-serial"] = [*_BF16W, "optimizations.flat_optimizer=auto"]  # the flat
 ROWS["ours-full-fp8"] = [*ROWS["ours-full"], "optimizations.fp8_frozen=true"]
 # weight gradients into new tensors that the hooks copy into the buffers (before the seventh pass)
 ROWS["ours-full-grad-copies"] = [*ROWS["ours-full"], "optimizations.weight_grads_in_place=false"]
+# the release's per-sample gather and bmm for the per-embodiment projections (before the eighth pass)
+ROWS["ours-full-gathered-embodiments"] = [*ROWS["ours-full"], "optimizations.grouped_embodiment_gemms=off"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]
 

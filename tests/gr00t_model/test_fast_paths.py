@@ -61,9 +61,10 @@ def test_no_frozen_prefix_when_the_vision_side_trains(overrides: dict) -> None:
     assert model.frozen_prefix(make_dummy_batch(model.config, 1)) is None
 
 
-def test_bf16_matmul_weights_compute_what_autocast_computes_from_fp32() -> None:
-    fp32 = GR00TN16(_release_tiny()).train()
-    bf16 = GR00TN16(_release_tiny(trainable_dtype="bfloat16")).train()
+@pytest.mark.parametrize("grouped", [False, True], ids=["gathered-tables", "grouped-tables"])
+def test_bf16_matmul_weights_compute_what_autocast_computes_from_fp32(grouped: bool) -> None:
+    fp32 = GR00TN16(_release_tiny(grouped_embodiment_gemms=grouped)).train()
+    bf16 = GR00TN16(_release_tiny(trainable_dtype="bfloat16", grouped_embodiment_gemms=grouped)).train()
     with torch.no_grad():
         for p, q in zip(bf16.parameters(), fp32.parameters()):
             p.copy_(q)  # the same values, rounded to bf16 where bf16 stores them

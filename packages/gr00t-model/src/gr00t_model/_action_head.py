@@ -10,18 +10,24 @@ from torch import nn
 
 from ._config import GR00TConfig
 from ._dit import AlternateVLDiT
+from ._grouped_matmul import grouped_supported, slot_matmul
 
 
 class CategorySpecificLinear(nn.Module):
-    """One linear layer per embodiment slot: W [E, in, out], b [E, out]; rows pick their slot's weights."""
+    """One linear layer per embodiment slot: W [E, in, out], b [E, out]; rows pick their slot's weights.
+    `grouped` (GR00TConfig.grouped_embodiment_gemms) computes the product as one grouped GEMM over the batch
+    sorted by slot where torch supports it here, instead of the release's per-sample gather and bmm."""
 
-    def __init__(self, slots: int, fan_in: int, fan_out: int) -> None:
+    def __init__(self, slots: int, fan_in: int, fan_out: int, grouped: bool = False) -> None:
         super().__init__()
         self.W = nn.Parameter(0.02 * torch.randn(slots, fan_in, fan_out))
         self.b = nn.Parameter(torch.zeros(slots, fan_out))
+        self.grouped = grouped
 
     def forward(self, x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """x [B, T, in], slot [B] -> [B, T, out]."""
+        if self.grouped and grouped_supported(x, self.W):
+            return slot_matmul(x, self.W, slot) + self.b[slot][:, None]
         return torch.bmm(x, self.W[slot]) + self.b[slot][:, None]
 
 
@@ -81,6 +87,12 @@ class ActionHead(nn.Module):
         nn.init.normal_(self.position_embedding.weight, std=0.02)
         if config.state_dropout_prob > 0:
             self.mask_token = nn.Parameter(0.02 * torch.randn(1, 1, width))
+        for layer in self.embodiment_layers():
+            layer.grouped = config.grouped_embodiment_gemms
+
+    def embodiment_layers(self) -> list[CategorySpecificLinear]:
+        """The per-embodiment projections of the state encoder, action encoder and action decoder."""
+        return [m for m in self.modules() if isinstance(m, CategorySpecificLinear)]
 
     def sample_time(self, batch: int, device: torch.device) -> torch.Tensor:
         """t = noise_s * (1 - u), u ~ Beta(alpha, beta); inverse-CDF draws when a parameter is 1 (graph-safe)."""

@@ -120,6 +120,12 @@ class GR00TConfig:
     computes exactly what it computes from fp32 weights); norms, embeddings and bias adds stay float32."""
     compute_dtype: str | None = "bfloat16"
     """Autocast dtype of the forward pass; None runs without autocast."""
+    grouped_embodiment_gemms: bool = False
+    """Compute each per-embodiment projection as one grouped GEMM over the batch sorted by slot
+    (torch._grouped_mm: on CPU, and on CUDA in bf16 on Hopper; elsewhere the release's form runs) instead of
+    the release's per-sample gather of its slot's matrix and a batched matmul. The same products; a slot's
+    weight gradient sums its samples in one GEMM's fp32 accumulation instead of per sample, so the tables count
+    as matmul weights and take trainable_dtype like Linear weights."""
 
     # --- default input geometry (processor and FLOP counter) ---
     image_size: tuple[int, int] = (252, 252)

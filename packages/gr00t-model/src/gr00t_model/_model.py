@@ -88,12 +88,16 @@ class GR00TN16(nn.Module):
     def matmul_weights(self) -> list[nn.Parameter]:
         """Linear weights and biases: each is read once per forward, by a matrix product that autocast feeds
         with its bf16 rounding, so storing them in bf16 computes the same forward and the same gradients.
-        Not the per-embodiment projections: every sample gathers its slot's matrix, and the gradients of
-        those gathers accumulate in the weight's dtype (fp32 keeps them exact)."""
+        The per-embodiment tables only with `grouped_embodiment_gemms` (their biases never: added in fp32):
+        in the release's form every sample gathers its slot's matrix, and the gradients of those gathers
+        accumulate in the weight's dtype (fp32 keeps them exact); grouped, one GEMM per slot makes each
+        table's gradient, as for a Linear."""
         out = []
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 out += [p for p in (module.weight, module.bias) if p is not None]
+        if self.config.grouped_embodiment_gemms:
+            out += [layer.W for layer in self.action_head.embodiment_layers()]
         return out
 
     def prepare_frozen_prefix(self, fp8: bool = False) -> dict[str, int]:

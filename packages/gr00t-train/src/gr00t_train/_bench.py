@@ -31,6 +31,7 @@ LADDER: list[tuple[str, list[str]]] = [
             "optimizations.bf16_weights=false",
             "optimizations.optimizer_overlap=false",
             "optimizations.flat_optimizer=off",
+            "optimizations.grouped_embodiment_gemms=off",
             "optimizations.tf32=true",
             "optimizations.cudnn_benchmark=true",
         ],
@@ -44,6 +45,8 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ optimizer overlap", ["optimizations.optimizer_overlap=true"]),
     # auto: the Triton kernel on CUDA; on a CPU (no Triton step) this row repeats the one before
     ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=auto"]),
+    # auto: on with CUDA; on a CPU this row repeats the one before
+    ("+ grouped embodiment GEMMs", ["optimizations.grouped_embodiment_gemms=auto"]),
     # the stretch row: FP8 GEMMs for the frozen prefix change the numerics (its own loss-parity run)
     ("+ FP8 frozen prefix (stretch)", ["optimizations.fp8_frozen=true"]),
 ]

@@ -203,6 +203,11 @@ class OptimizationsConfig(_Section):
     one rank), each trainable nn.Linear's weight-gradient GEMM writes its buffer directly instead of a new
     tensor that a hook then copies (vla-overlap's `write_weight_grads_in_place`). The same GEMM, one pass over
     the gradients fewer."""
+    grouped_embodiment_gemms: Literal["auto", "on", "off"] = "auto"
+    """Compute the per-embodiment projections (state/action encoders, action decoder) as one grouped GEMM per
+    layer over the batch sorted by slot, instead of the release's per-sample gather of each slot's matrix
+    (GR00TConfig.grouped_embodiment_gemms); with bf16_weights their tables are then held in bf16 too. The
+    same products, each slot's weight gradient summed in one GEMM. auto = on with CUDA."""
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
