@@ -20,7 +20,8 @@ same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unalig
 `ours-full` (_step_patches.py); `ours-serial` runs the flat update on
 the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
 GEMMs write them; `ours-full-gathered-embodiments` gathers each sample's per-embodiment matrices instead of the
-grouped GEMMs. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
+grouped GEMMs. `ours-full-one-embodiment` puts every sample in one embodiment slot (the update then skips the
+other slots' table rows), `-stepped` without that skip. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
 
@@ -60,6 +61,9 @@ ROWS["ours-full-fp8"] = [*ROWS["ours-full"], "optimizations.fp8_frozen=true"]
 ROWS["ours-full-grad-copies"] = [*ROWS["ours-full"], "optimizations.weight_grads_in_place=false"]
 # the release's per-sample gather and bmm for the per-embodiment projections (before the eighth pass)
 ROWS["ours-full-gathered-embodiments"] = [*ROWS["ours-full"], "optimizations.grouped_embodiment_gemms=off"]
+# every sample of the fixed batch in one embodiment slot, with and without the update skipping the other slots
+ROWS["ours-full-one-embodiment"] = ROWS["ours-full"]
+ROWS["ours-full-one-embodiment-stepped"] = [*ROWS["ours-full"], "optimizations.skip_untouched_rows=false"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]
 
@@ -127,7 +131,7 @@ def _parts(cfg, env, batches: list[dict]):
         model=model, loss_fn=_gr00t.gr00t_loss, data=FixedBatches(batches), save_model=_gr00t.save_model,
         load_model=_gr00t.load_model_in_place, flops_per_sample=flops, tokens_per_sample=tokens,
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device), frozen_prefix=model.frozen_prefix,
-        compile_model=model.compile_blocks,
+        compile_model=model.compile_blocks, row_tables=(_gr00t.embodiment_tables(model), "embodiment_id"),
     )  # fmt: skip
 
 
@@ -144,8 +148,11 @@ def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout
 
     steps = steps or args.warmup + args.steps
     cfg = _config(args, name, sets, steps, out)
+    batches = batches or _batches(args)
+    if "one-embodiment" in name:  # as when fine-tuning on one robot: every sample in slot 10
+        batches = [{**b, "embodiment_id": torch.full_like(b["embodiment_id"], 10)} for b in batches]
     with BUILT_WITH.get(name, contextlib.nullcontext)():
-        parts = _parts(cfg, env, batches or _batches(args))
+        parts = _parts(cfg, env, batches)
         if not dropout:
             parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
         _cuda("reset_peak_memory_stats")
@@ -345,7 +352,7 @@ def update_alone(args, out: Path, env, reps: int = 10) -> dict:
     return found
 
 
-def profile_ops(args, out: Path, env, row: str, active: int = 2, top: int = 60) -> dict:
+def profile_ops(args, out: Path, env, row: str, active: int = 2, top: int = 250) -> dict:
     """GPU time per torch op and input shapes (self time, ms per step) of a row run without CUDA graphs
     (graph replays hide the ops that launched each kernel): which op a copy or a small kernel comes from."""
     import gr00t_train

@@ -138,3 +138,47 @@ def test_weight_gradients_written_by_their_gemms_train_as_copied_ones(
     assert routed["true"] > 20 and routed["false"] == 0
     for step, value in runs["false"].items():
         assert abs(runs["true"][step] - value) <= 1e-3 * abs(value), (step, runs["true"][step], value)
+
+
+def test_untouched_embodiment_rows_skipped_by_the_update_train_as_stepped_ones(
+    dataset, tmp_path, train_args, losses
+) -> None:
+    """optimizations.skip_untouched_rows with the flat step: the demo dataset uses one embodiment, so the other
+    slots of every per-embodiment table never get a gradient, and the update skips them. AdamW would move them
+    by weight decay alone, which the demo preset does not use (at the defaults, lr 1e-4 and weight decay 1e-5,
+    the factor rounds to 1 in fp32 too): those rows must stay bitwise at their initial values in both runs, and the losses of 8 steps agree (the same kernels elsewhere;
+    1e-3 relative leaves room for run-to-run differences of the attention backward)."""
+    import gr00t_train
+    import torch
+    from gr00t_train._build import build_parts
+
+    sets = ("steps=8", "precision=bf16", "optim.grad_accum=1", "data.augment=false", "data.shuffle=false",
+            "optimizations.graph=per_microbatch", "optimizations.comm=zero1_overlap", "optimizations.compile=off",
+            "optimizations.bf16_weights=true", "optimizations.optimizer_overlap=true",
+            "optimizations.flat_optimizer=on")  # fmt: skip
+    runs, tables = {}, {}
+    for flag in ("true", "false"):
+        extra = [*sets, f"optimizations.skip_untouched_rows={flag}"]
+        cfg = gr00t_train.load_config(
+            preset="demo", overrides=[*train_args(dataset, tmp_path / flag, *extra)[4::2], "device=cuda"]
+        )
+        env = gr00t_train.init_distributed("cuda")
+        try:
+            parts = build_parts(cfg, env)
+            parts.model.action_head.model.eval()  # no dropout
+            table = parts.model.action_head.action_encoder.W2.W
+            before = table.detach().clone()
+            trainer = gr00t_train.Trainer(cfg, parts, env)
+            trainer.fit()
+        finally:
+            gr00t_train.shutdown_distributed(env)
+        runs[flag] = losses(tmp_path / flag)
+        tables[flag] = (before, table.detach().clone(), trainer.model.rows_touched)
+    touched = tables["true"][2]
+    assert touched is not None and tables["false"][2] is None
+    assert 1 <= int(touched.sum()) < len(touched)
+    for flag, (before, after, _) in tables.items():
+        assert torch.equal(after[~touched], before[~touched]), flag  # untouched slots: unchanged
+        assert not torch.equal(after[touched], before[touched]), flag  # the used slot trained
+    for step, value in runs["false"].items():
+        assert abs(runs["true"][step] - value) <= 1e-3 * abs(value), (step, runs["true"][step], value)

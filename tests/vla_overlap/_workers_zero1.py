@@ -173,3 +173,65 @@ def narrow_grads(ctx: Any, steps: int = 3) -> dict[str, Any]:
             ),
         }
     return out
+
+
+# --------------------------------------------------------------------------------------------- idle rows
+class _Table(torch.nn.Module):
+    """A per-category table (rows of 128 elements) feeding a linear layer: a batch touches only its rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(8, 2, 64))
+        self.head = torch.nn.Linear(128, 4)
+
+    def forward(self, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table[rows].flatten(1) * x)
+
+
+def idle_rows(ctx: Any) -> dict[str, Any]:
+    """The flat step with a table's untouched rows tracked (track_rows) vs stepped, on the same gradients
+    (weight decay whose factor is < 1, and one that rounds to 1 in fp32); then a tracked run saved after two
+    steps and resumed with a fresh record of touched rows (all False): its stateful rows must still step."""
+    used = [[2, 5], [5, 2], [7, 2], [2, 2]]  # row 7 is touched first at step 2
+
+    def train(track: bool, decay: float, steps: range, state=None) -> dict[str, Any]:
+        module = _Table()
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=4096), process_group=ctx.group)
+        opt = DistributedAdamW(model, **{**ADAMW, "weight_decay": decay, "flat": "torch"})
+        touched = torch.zeros(8, dtype=torch.bool)
+        tracked = opt.track_rows(module.table, touched) if track else None
+        if state is not None:
+            module.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+        idle = []
+        for step in steps:
+            rows = torch.tensor(used[step])
+            touched[rows] = True
+            model.zero_grad()
+            model(rows, torch.ones(2, 128)).square().sum().backward()
+            opt.step()
+            if track:  # idle blocks of this step (a row of 128 elements is one block)
+                idle.append(sum(int(opt.flat.idle_blocks(flat).sum()) for flat in opt.flat.buckets))
+        state = {"model": {k: v.clone() for k, v in module.state_dict().items()}, "optim": opt.state_dict()}
+        moments = [
+            opt.flat.buckets[b][k].clone() for b in range(len(opt.masters)) for k in ("exp_avg", "exp_avg_sq")
+        ]
+        return {"params": params_of(module), "masters": [m.clone() for m in opt.masters], "moments": moments,
+                "tracked": tracked, "idle": idle, "state": state}  # fmt: skip
+
+    out = {}
+    for decay in (0.1, 1e-9):
+        out[decay] = {"stepped": train(False, decay, range(4)), "tracked": train(True, decay, range(4))}
+    saved = train(True, 0.1, range(2))["state"]
+    out["resumed"] = train(True, 0.1, range(2, 4), state=saved)
+    module = torch.nn.Linear(3, 3)  # rows of 3 elements: not tracked (they would lose 16-byte accesses)
+    opt = DistributedAdamW(
+        OverlapDataParallel(module, OverlapConfig(), process_group=ctx.group), flat="torch"
+    )
+    out["ragged_tracked"] = opt.track_rows(module.weight, torch.zeros(3, dtype=torch.bool))
+    try:
+        opt.track_rows(module.weight, torch.zeros(4, dtype=torch.bool))
+    except ValueError as err:
+        out["wrong_record"] = str(err)
+    return out

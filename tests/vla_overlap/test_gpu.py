@@ -201,16 +201,21 @@ _ALIGNED = [
 ]
 
 
+@pytest.mark.parametrize("with_idle", [False, True], ids=["all-stepped", "idle-blocks"])
 @pytest.mark.parametrize(
     ("runs", "length", "align"), [(_RAGGED, 3 * 1024 + 123, 1), (_ALIGNED, 3 * 1024 + 128, 64)]
 )
-def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(runs, length: int, align: int) -> None:
+def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(
+    runs, length: int, align: int, with_idle
+) -> None:
     """The Triton kernel of DistributedAdamW's flat step vs the same arithmetic in torch ops, on random flat
     buffers: runs of two table rows (one longer than a block, one ragged), gaps between runs (padding),
     clipping and a bf16 copy. Ragged runs: blocks follow them exactly and random padding is left untouched.
     Aligned runs (as the layout places parameters): blocks widen over the zero padding, which stays zero.
     Tolerance: the kernel may fuse multiply-adds (one rounding instead of two) where torch rounds twice, a
-    few fp32 ulps after one step."""
+    few fp32 ulps after one step. With idle blocks (rows that never had a gradient, FlatAdamW.track_rows),
+    those blocks hold zero gradients and moments and only decay: row 0's factor < 1 (the same single multiply
+    in both), row 1's factor 1 (the kernel writes nothing; the bf16 copy already equals the master)."""
     from vla_overlap._flat_adamw import BLOCK, _torch_step, _triton_step, plan_blocks
 
     assert BLOCK == 1024
@@ -227,22 +232,37 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(runs, length: int,
         if align > 1:  # the layout's padding: zero everywhere
             for key in ("master", "grad", "exp_avg", "exp_avg_sq"):
                 flat[key][gaps] = 0
-        flat["out"] = torch.zeros(length, dtype=torch.bfloat16, device="cuda")
+        flat["out"] = flat["master"].bfloat16()  # the invariant the step keeps
         flat["runs"], flat["blocks"], flat["align"] = runs, torch.tensor(blocks, device="cuda"), align
         flats.append(flat)
-    before = flats[1]["master"].clone()
+    idle = None
+    if with_idle:
+        idle = torch.arange(len(blocks), device="cuda") % 3 == 1
+        for flat in flats:
+            for (start, size, _), skip in zip(blocks, idle.tolist()):
+                if skip:
+                    for key in ("grad", "exp_avg", "exp_avg_sq"):
+                        flat[key][start : start + size] = 0
+    before, out_before = flats[1]["master"].clone(), flats[1]["out"].clone()
     table = torch.tensor([[1 - 1e-3 * 0.1, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
                           [1.0, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
     coef = torch.tensor(0.5, device="cuda")
-    _torch_step(flats[0], table, coef)
-    _triton_step(flats[1], table, coef)
+    _torch_step(flats[0], table, coef, idle)
+    _triton_step(flats[1], table, coef, idle)
     for key in ("master", "exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(flats[1][key], flats[0][key], rtol=2e-6, atol=1e-7, msg=key)
         assert torch.equal(flats[1][key][gaps], flats[0][key][gaps]), key  # padding: untouched, or zero
     assert torch.equal(flats[1]["master"][gaps], before[gaps])
-    assert torch.all(flats[1]["out"][gaps] == 0)
+    assert torch.equal(flats[1]["out"][gaps], out_before[gaps])
     assert torch.equal(flats[1]["out"][~gaps], flats[1]["master"][~gaps].bfloat16())
     assert not torch.equal(flats[1]["master"][~gaps], before[~gaps])
+    if with_idle:
+        for (start, size, row), skip in zip(blocks, idle.tolist()):
+            window = slice(start, start + size)
+            if skip:  # decay only: bitwise torch's multiply; moments stay zero
+                assert torch.equal(flats[1]["master"][window], flats[0]["master"][window])
+                assert not flats[1]["exp_avg_sq"][window].any()
+                assert torch.equal(flats[1]["master"][window], before[window]) == (row == 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

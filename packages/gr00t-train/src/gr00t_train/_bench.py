@@ -32,6 +32,7 @@ LADDER: list[tuple[str, list[str]]] = [
             "optimizations.optimizer_overlap=false",
             "optimizations.flat_optimizer=off",
             "optimizations.grouped_embodiment_gemms=off",
+            "optimizations.skip_untouched_rows=false",
             "optimizations.tf32=true",
             "optimizations.cudnn_benchmark=true",
         ],
@@ -47,6 +48,8 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ one-pass optimizer kernel", ["optimizations.flat_optimizer=auto"]),
     # auto: on with CUDA; on a CPU this row repeats the one before
     ("+ grouped embodiment GEMMs", ["optimizations.grouped_embodiment_gemms=auto"]),
+    # exact: rows of the embodiment tables that no batch touched only decay (one embodiment: 31 of 32 slots)
+    ("+ untouched table rows skipped", ["optimizations.skip_untouched_rows=true"]),
     # the stretch row: FP8 GEMMs for the frozen prefix change the numerics (its own loss-parity run)
     ("+ FP8 frozen prefix (stretch)", ["optimizations.fp8_frozen=true"]),
 ]

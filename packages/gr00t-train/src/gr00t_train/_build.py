@@ -75,4 +75,5 @@ def model_parts(cfg: TrainConfig, env: DistEnv, model, source, save, flops, toke
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device),
         frozen_prefix=model.frozen_prefix,
         compile_model=model.compile_blocks,
+        row_tables=(_gr00t.embodiment_tables(model), "embodiment_id"),
     )

@@ -105,6 +105,11 @@ def _prepare_frozen(cfg: TrainConfig, model: GR00TN16, device: torch.device) -> 
     return model
 
 
+def embodiment_tables(model: GR00TN16) -> list[torch.nn.Parameter]:
+    """The per-embodiment projections' weights and biases ([slots, ...]: a sample uses its slot's row)."""
+    return [p for layer in model.action_head.embodiment_layers() for p in (layer.W, layer.b)]
+
+
 def gr00t_loss(module: torch.nn.Module, batch: dict, prefix=None) -> torch.Tensor:
     """Flow-matching loss of one microbatch; noise and flow time come pre-drawn in the batch; `prefix` is
     the batch's frozen prefix when it was computed ahead (`GR00TN16.frozen_prefix`)."""

@@ -68,6 +68,10 @@ class TrainParts:
     with the optimizer overlapped, it runs before the step waits for the update."""
     compile_model: Callable[[], int] | None = None
     """torch.compile the model's repeated blocks in place; returns how many (None: not supported)."""
+    row_tables: tuple[list[nn.Parameter], str] | None = None
+    """Parameters whose rows (dim 0) each sample picks by the batch's values under this key (per-category
+    tables): rows no batch touched get zero gradients, and the flat optimizer skips them
+    (optimizations.skip_untouched_rows)."""
 
 
 def episode_ids(batch: Batch) -> list[int] | None:

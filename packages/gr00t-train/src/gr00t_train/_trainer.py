@@ -192,6 +192,7 @@ class Trainer:
         With the optimizer on its side stream, the part that reads no trainable weight runs before waiting
         for the update."""
         model, parts = self.model, self.parts
+        model.note_rows(batch)
         if model.updates is not None and parts.frozen_prefix is not None:
             prefix = parts.frozen_prefix(batch)  # reads no trainable weight: overlaps the update
             model.updates.wait()

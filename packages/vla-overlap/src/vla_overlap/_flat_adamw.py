@@ -38,17 +38,27 @@ ALIGN = 64
 then moves 16 bytes per access instead of 4 (n1.6-3b's full step on an H200: 211.0 -> 212.5 samples/s)."""
 
 
-def plan_blocks(runs: list[tuple[int, int, int]], length: int, block: int = BLOCK) -> tuple[list, int]:
+def plan_blocks(runs: list[tuple[int, int, int]], length: int, block: int = BLOCK,
+                cuts: list[int] = ()) -> tuple[list, int]:  # fmt: skip
     """The kernel's blocks (start, length, row) over `runs` of a shard of `length` elements, and the alignment
     the kernel may assume. When every run starts at a multiple of ALIGN, as the layout places parameters, and
     the shard's length is one too, each run is widened to the next multiple of ALIGN: the elements it gains are
     padding before the next parameter, zero in the master, gradient and moments, and an AdamW step keeps a zero
-    at zero. Otherwise the blocks follow the runs exactly, at alignment 1."""
-    align = ALIGN if length % ALIGN == 0 and all(start % ALIGN == 0 for start, _, _ in runs) else 1
-    blocks = []
+    at zero. Otherwise the blocks follow the runs exactly, at alignment 1. No block straddles a position of
+    `cuts` (the row boundaries of tracked parameters, see FlatAdamW.track_rows)."""
+    aligned = [start for start, _, _ in runs] + list(cuts)
+    align = ALIGN if length % ALIGN == 0 and all(at % ALIGN == 0 for at in aligned) else 1
+    cuts = sorted(cuts)
+    blocks, c = [], 0
     for start, end, row in runs:
         end = -(-end // align) * align
-        blocks += [(at, min(block, end - at), row) for at in range(start, end, block)]
+        at = start
+        while at < end:
+            while c < len(cuts) and cuts[c] <= at:
+                c += 1
+            stop = min(at + block, end, cuts[c] if c < len(cuts) else end)
+            blocks.append((at, stop - at, row))
+            at = stop
     return blocks, align
 
 
@@ -100,6 +110,7 @@ class FlatAdamW:
         self.rows: list[tuple[int, int]] = []  # the table's rows, as (group, lag)
         self.labels: list[int | None] = [None] * len(opt.pieces)  # each piece's row now (None: skipped)
         self.padded: set[int] = set()  # pieces skipped by the last step
+        self.tracks: list[dict[str, Any]] = []  # parameters whose untouched rows are idle (track_rows)
         self.relink()
 
     def relink(self) -> None:
@@ -131,6 +142,69 @@ class FlatAdamW:
                 elif state[key] is not view:
                     view.copy_(state[key].reshape(-1))
                 state[key] = view
+        for track in self.tracks:
+            self._find_state(track)
+
+    # ------------------------------------------------------------------------------------- idle rows
+    def track_rows(self, slot: int, rows: int, touched: torch.Tensor) -> bool:
+        """Rows (along dim 0) of the parameter in `slot` whose `touched` entry is False have had only zero
+        gradients: with zero moments (a row's moments stay zero until its gradient is not), AdamW moves such a
+        row by weight decay alone, so its blocks skip the gradient and moments (and do nothing when the decay
+        factor rounds to 1 in fp32, as 1 - 1e-4 * 1e-5 does). Rows with moments from a loaded state dict count
+        as touched. False (nothing tracked) when a row's size is not a multiple of ALIGN: its blocks would lose
+        the kernel's 16-byte accesses."""
+        pieces = [(b, piece) for b, piece, _ in self.opt.pieces if piece.slot == slot]
+        numel = max((piece.param_end for _, piece in pieces), default=0)
+        if not pieces or numel % rows or (numel // rows) % ALIGN:
+            return False
+        track = {"pieces": pieces, "row_numel": numel // rows, "touched": touched}
+        self._find_state(track)
+        self.tracks.append(track)
+        for bucket in {b for b, _ in pieces}:
+            self._rebuild_runs(bucket)
+        return True
+
+    @staticmethod
+    def _rows_of(piece: Any, size: int):
+        """(row, start, end) in the shard for every row of `size` elements that `piece` holds part of."""
+        for at in range(piece.param_start - piece.param_start % size, piece.param_end, size):
+            start = piece.shard_start + max(at, piece.param_start) - piece.param_start
+            yield at // size, start, piece.shard_start + min(at + size, piece.param_end) - piece.param_start
+
+    def _find_state(self, track: dict[str, Any]) -> None:
+        """Which rows hold moments (nonzero anywhere in this rank's part of them): those count as touched."""
+        stateful = torch.zeros_like(track["touched"])
+        size = track["row_numel"]
+        for bucket, piece in track["pieces"]:
+            flat = self.buckets[bucket]
+            if flat["exp_avg"] is None:
+                continue
+            for row, start, end in self._rows_of(piece, size):
+                for key in MOMENTS:
+                    stateful[row] |= flat[key][start:end].ne(0).any()
+        track["stateful"] = stateful
+
+    def _idle_cuts(self, bucket: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Row boundaries of tracked parameters in this bucket's shard, and (start, end, flag index) per row."""
+        cuts, spans, base = [], [], 0
+        for track in self.tracks:
+            size = track["row_numel"]
+            for b, piece in track["pieces"]:
+                if b != bucket:
+                    continue
+                for row, start, end in self._rows_of(piece, size):
+                    cuts += [start, end]
+                    spans.append((start, end, base + row))
+            base += len(track["touched"])
+        return cuts, sorted(spans)
+
+    def idle_blocks(self, flat: dict[str, Any]) -> torch.Tensor | None:
+        """Per block of `flat`, whether its row is idle now (None when nothing is tracked there)."""
+        if flat.get("idle_index") is None:
+            return None
+        flags = [~(t["touched"] | t["stateful"]) for t in self.tracks]
+        flags.append(torch.zeros(1, dtype=torch.bool, device=flags[0].device))  # untracked blocks
+        return torch.cat(flags)[flat["idle_index"]]
 
     def _relabel(self, skipped: set[int]) -> None:
         """One row per (group, lag) among the pieces stepped now; rebuild the runs and blocks of buckets
@@ -164,8 +238,20 @@ class FlatAdamW:
                 runs.append([start, end, row])
         flat = self.buckets[bucket]
         flat["runs"] = [tuple(run) for run in runs]
-        blocks, flat["align"] = plan_blocks(flat["runs"], flat["master"].numel())
-        flat["blocks"] = torch.tensor(blocks, dtype=torch.int64).reshape(-1, 3).to(flat["master"].device)
+        cuts, spans = self._idle_cuts(bucket)
+        blocks, flat["align"] = plan_blocks(flat["runs"], flat["master"].numel(), cuts=cuts)
+        device = flat["master"].device
+        flat["blocks"] = torch.tensor(blocks, dtype=torch.int64).reshape(-1, 3).to(device)
+        flat["idle_index"] = None
+        if spans:  # each block's row flag; untracked blocks point past the tracked rows (never idle)
+            untracked = sum(len(t["touched"]) for t in self.tracks)
+            index, s = [], 0
+            for start, _, _ in blocks:
+                while s < len(spans) and spans[s][1] <= start:
+                    s += 1
+                inside = s < len(spans) and spans[s][0] <= start
+                index.append(spans[s][2] if inside else untracked)
+            flat["idle_index"] = torch.tensor(index, dtype=torch.int64).to(device)
 
     def write_steps(self) -> None:
         """Put the step counts where torch keeps them (per parameter), for state dicts."""
@@ -212,14 +298,26 @@ class FlatAdamW:
         table = self.table(self.opt.masters[0].device)
         run = _triton_step if self.kernel == "triton" else _torch_step
         for flat in self.buckets:
-            run(flat, table, coef)
+            run(flat, table, coef, self.idle_blocks(flat))
 
 
-def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None) -> None:
-    """The kernel's arithmetic in torch ops (torch AdamW's order of operations), run by run."""
-    for start, end, row in flat["runs"]:
+def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
+                idle: torch.Tensor | None) -> None:  # fmt: skip
+    """The kernel's arithmetic in torch ops (torch AdamW's order of operations), run by run (block by block
+    where rows are tracked: an idle block only decays)."""
+    if idle is None:
+        pieces = [(start, end, row, False) for start, end, row in flat["runs"]]
+    else:  # blocks may run into the zero padding after a parameter, which AdamW keeps at zero
+        blocks = zip(flat["blocks"].tolist(), idle.tolist())
+        pieces = [(start, start + length, row, skip) for (start, length, row), skip in blocks]
+    for start, end, row, skip in pieces:
         decay, beta1, beta2, eps, step_size, bc2 = table[row, :6].unbind()
         window = slice(start, end)
+        if skip:
+            flat["master"][window].mul_(decay)
+            if flat["out"] is not None:
+                flat["out"][window].copy_(flat["master"][window])
+            continue
         p, m, v = flat["master"][window], flat["exp_avg"][window], flat["exp_avg_sq"][window]
         g = flat["grad"][window].float()  # bf16 gradients are read in place (exact widening)
         g = g if coef is None else g * coef
@@ -231,8 +329,9 @@ def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | 
             flat["out"][window].copy_(p)
 
 
-def _triton_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None) -> None:
+def _triton_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
+                 idle: torch.Tensor | None) -> None:  # fmt: skip
     from ._flat_adamw_kernel import adamw_flat
 
     adamw_flat(flat["master"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"], flat["out"],
-               flat["blocks"], table, coef, align=flat.get("align", 1))  # fmt: skip
+               flat["blocks"], table, coef, align=flat.get("align", 1), idle=idle)  # fmt: skip

@@ -10,9 +10,38 @@ from ._flat_adamw import BLOCK
 
 
 @triton.jit
-def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr,
-                         HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, ALIGN: tl.constexpr,
-                         BLOCK: tl.constexpr):  # fmt: skip
+def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr, idle_ptr,
+                         HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, HAS_IDLE: tl.constexpr,
+                         ALIGN: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    if HAS_IDLE:
+        if tl.load(idle_ptr + tl.program_id(0)) != 0:  # a row with zero gradient and moments: decay only
+            _decay_block(p_ptr, out_ptr, blocks_ptr, table_ptr, HAS_OUT, ALIGN, BLOCK)
+        else:
+            _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr, HAS_OUT,
+                         HAS_COEF, ALIGN, BLOCK)  # fmt: skip
+    else:
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr, HAS_OUT, HAS_COEF,
+                     ALIGN, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _decay_block(p_ptr, out_ptr, blocks_ptr, table_ptr, HAS_OUT: tl.constexpr, ALIGN: tl.constexpr,
+                 BLOCK: tl.constexpr):  # fmt: skip
+    block = blocks_ptr + tl.program_id(0).to(tl.int64) * 3
+    decay = tl.load(table_ptr + tl.load(block + 2) * 8)
+    if decay != 1.0:  # 1 - lr * wd often rounds to 1 in fp32 (1e-4 * 1e-5): then nothing changes
+        start = tl.multiple_of(tl.load(block), ALIGN)
+        lanes = tl.arange(0, BLOCK)
+        live = lanes < tl.multiple_of(tl.load(block + 1), ALIGN)
+        p = tl.load(p_ptr + start + lanes, mask=live) * decay
+        tl.store(p_ptr + start + lanes, p, mask=live)
+        if HAS_OUT:
+            tl.store(out_ptr + start + lanes, p.to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_ptr, coef_ptr, HAS_OUT: tl.constexpr,
+                 HAS_COEF: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     block = blocks_ptr + tl.program_id(0).to(tl.int64) * 3  # (start, length, row): one run's piece
     # Starts and lengths are multiples of ALIGN (1 when they are not): saying so lets Triton use 16-byte
     # loads and stores; without it every access is 4 bytes wide (0.5 ms of n1.6-3b's step on an H200).
@@ -47,15 +76,16 @@ def _adamw_blocks_kernel(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, blocks_ptr, table_
 
 
 def adamw_flat(master, grad, exp_avg, exp_avg_sq, out, blocks, table, coef, block=BLOCK, num_warps=4,
-               align=1) -> None:  # fmt: skip
+               align=1, idle=None) -> None:  # fmt: skip
     """One AdamW step over the `blocks` ([K, 3] int64: start, length <= block, table row) of flat fp32
-    tensors of equal length (see FlatAdamW); every start and length a multiple of `align`."""
+    tensors of equal length (see FlatAdamW); every start and length a multiple of `align`. `idle` ([K] bool):
+    blocks whose gradient and moments are zero, which only decay."""
     if len(blocks) == 0:
         return
     _adamw_blocks_kernel[(len(blocks),)](
         master, grad, exp_avg, exp_avg_sq, master if out is None else out, blocks, table,
-        master if coef is None else coef, HAS_OUT=out is not None, HAS_COEF=coef is not None,
-        ALIGN=align, BLOCK=block, num_warps=num_warps,
+        master if coef is None else coef, blocks if idle is None else idle, HAS_OUT=out is not None,
+        HAS_COEF=coef is not None, HAS_IDLE=idle is not None, ALIGN=align, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
 
 

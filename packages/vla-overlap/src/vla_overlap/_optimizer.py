@@ -126,6 +126,30 @@ class DistributedAdamW(torch.optim.Optimizer):
             for (_, _, master), grad in zip(self.pieces, self._piece_grads):
                 master.grad = grad
 
+    def track_rows(self, param: nn.Parameter, touched: torch.Tensor) -> bool:
+        """Let the flat step skip the rows of `param` (along dim 0) that never had a gradient, as in an
+        embedding or per-category table of which a run uses a few rows. `touched` (bool, one entry per row, on
+        the parameter's device) is the caller's record: set True, before the step, for every row whose gradient
+        may be nonzero (in every rank's batch: at world size > 1, OR it across ranks first), never cleared. The
+        other rows must get exactly zero gradients. The result is that of stepping them: AdamW moves a row with
+        zero gradient and zero moments by weight decay alone. Returns whether the rows are tracked (only with
+        the flat step, and for rows of a multiple of 64 elements)."""
+        slot = self._model._slot_of.get(id(param))
+        if slot is None or not any(slot in slots for slots in self.group_slots):
+            raise ValueError(
+                f"track_rows: a tensor of shape {tuple(param.shape)} is not a parameter this optimizer steps"
+            )
+        if (
+            touched.dtype != torch.bool
+            or tuple(touched.shape) != (param.shape[0],)
+            or touched.device != param.device
+        ):
+            raise ValueError(
+                f"track_rows: touched must be a bool tensor of shape ({param.shape[0]},) on {param.device}, got "
+                f"{touched.dtype} {tuple(touched.shape)} on {touched.device}"
+            )
+        return self.flat is not None and self.flat.track_rows(slot, param.shape[0], touched)
+
     def _make_flat(self, flat: str | None) -> FlatAdamW | None:
         """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""
         if flat is None:

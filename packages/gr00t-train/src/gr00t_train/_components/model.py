@@ -46,6 +46,8 @@ class ModelComponent:
         self.cfg, self.env = cfg, env
         self.compiled_blocks = _maybe_compile(cfg, parts, env)
         self.plan: SyncPlan = plan_grad_sync(parts.model, cfg, env)
+        self.rows_touched, self._row_key = _track_rows(cfg, parts, env, self.plan.optimizer)
+        """Which rows of TrainParts.row_tables a batch has touched (the optimizer skips the others), or None."""
         self.updates = vla_overlap.UpdateStream(env.device) if cfg.optimizations.optimizer_overlap else None
         """The optimizer's side stream (optimizations.optimizer_overlap), else None."""
         self.graphed_step = _graphed_step(cfg, parts, self.plan, microbatch_step, phase, self.updates)
@@ -60,6 +62,11 @@ class ModelComponent:
     def optimizer(self):
         """AdamW (torch's, or vla_overlap's DistributedAdamW under ZeRO-1)."""
         return self.plan.optimizer
+
+    def note_rows(self, batch: Batch) -> None:
+        """Record the table rows this microbatch touches (on the device; captured in graphs)."""
+        if self.rows_touched is not None:
+            self.rows_touched.index_fill_(0, batch[self._row_key].reshape(-1), True)
 
     def set_lr(self, step: int) -> float:
         """The schedule's learning rate of 0-based step `step`, set on every parameter group."""
@@ -97,6 +104,26 @@ class ModelComponent:
         self.graphed_step.reset()
         if self.env.device.type == "cuda":
             torch.cuda.synchronize(self.env.device)
+
+
+def _track_rows(cfg: TrainConfig, parts: TrainParts, env: DistEnv, optimizer) -> tuple:
+    """(record, batch key) when the optimizer skips untouched table rows (optimizations.skip_untouched_rows):
+    one record for all of TrainParts.row_tables (their rows are indexed alike). One GPU only: at more, each
+    rank would need every rank's record before the step."""
+    if parts.row_tables is None or not cfg.optimizations.skip_untouched_rows or env.world_size > 1:
+        return None, None
+    if not isinstance(optimizer, vla_overlap.DistributedAdamW):
+        return None, None
+    params, key = parts.row_tables
+    rows = {p.shape[0] for p in params if p.requires_grad}
+    if len(rows) != 1:
+        return None, None
+    touched = torch.zeros(rows.pop(), dtype=torch.bool, device=env.device)
+    tracked = sum(optimizer.track_rows(p, touched) for p in params if p.requires_grad)
+    if not tracked:
+        return None, None
+    log.info("optimizer: %d table parameters skip the rows no batch has touched", tracked)
+    return touched, key
 
 
 def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv) -> int:
