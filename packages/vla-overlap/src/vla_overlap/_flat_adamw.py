@@ -128,6 +128,8 @@ class FlatAdamW:
             self._link_moments()
 
     def _link_moments(self) -> None:
+        opt = self.opt
+        loaded = any(key in opt.state.get(master, {}) for _, _, master in opt.pieces for key in MOMENTS)
         for flat in self.buckets:
             for key in MOMENTS:
                 if flat[key] is None:
@@ -143,7 +145,7 @@ class FlatAdamW:
                     view.copy_(state[key].reshape(-1))
                 state[key] = view
         for track in self.tracks:
-            self._find_state(track)
+            self._find_state(track, scan=loaded)
 
     # ------------------------------------------------------------------------------------- idle rows
     def track_rows(self, slot: int, rows: int, touched: torch.Tensor) -> bool:
@@ -171,11 +173,12 @@ class FlatAdamW:
             start = piece.shard_start + max(at, piece.param_start) - piece.param_start
             yield at // size, start, piece.shard_start + min(at + size, piece.param_end) - piece.param_start
 
-    def _find_state(self, track: dict[str, Any]) -> None:
-        """Which rows hold moments (nonzero anywhere in this rank's part of them): those count as touched."""
+    def _find_state(self, track: dict[str, Any], scan: bool = True) -> None:
+        """Which rows hold moments (nonzero anywhere in this rank's part of them): those count as touched.
+        Without `scan` (the moments were just created: all zero), none."""
         stateful = torch.zeros_like(track["touched"])
         size = track["row_numel"]
-        for bucket, piece in track["pieces"]:
+        for bucket, piece in track["pieces"] if scan else ():
             flat = self.buckets[bucket]
             if flat["exp_avg"] is None:
                 continue
