@@ -184,9 +184,10 @@ class _Table(torch.nn.Module):
         torch.manual_seed(0)
         self.table = torch.nn.Parameter(torch.randn(8, 2, 64))
         self.head = torch.nn.Linear(128, 4)
+        self.second = torch.nn.Parameter(torch.randn(8, 128))  # tracked first, in the bucket of the head
 
     def forward(self, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.table[rows].flatten(1) * x)
+        return self.head(self.table[rows].flatten(1) * x + self.second[rows])
 
 
 def idle_rows(ctx: Any) -> dict[str, Any]:
@@ -197,10 +198,10 @@ def idle_rows(ctx: Any) -> dict[str, Any]:
 
     def train(track: bool, decay: float, steps: range, state=None) -> dict[str, Any]:
         module = _Table()
-        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=4096), process_group=ctx.group)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=1024), process_group=ctx.group)
         opt = DistributedAdamW(model, **{**ADAMW, "weight_decay": decay, "flat": "torch"})
         touched = torch.zeros(8, dtype=torch.bool)
-        tracked = opt.track_rows(module.table, touched) if track else None
+        tracked = [opt.track_rows(p, touched) for p in (module.second, module.table)] if track else None
         if state is not None:
             module.load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])

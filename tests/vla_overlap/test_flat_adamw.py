@@ -76,14 +76,14 @@ def test_untouched_rows_of_a_tracked_table_only_decay_with_the_stepped_result(po
     (result,) = pool.run("idle_rows", 1)
     for decay in (0.1, 1e-9):
         stepped, tracked = result[decay]["stepped"], result[decay]["tracked"]
-        assert tracked["tracked"] is True
+        assert tracked["tracked"] == [True, True]
         for key in ("masters", "moments"):
             assert all(torch.equal(a, b) for a, b in zip(stepped[key], tracked[key])), (decay, key)
         assert all(torch.equal(stepped["params"][n], tracked["params"][n]) for n in stepped["params"])
-        # 8 rows of one block each: rows 2 and 5 touched from the start, row 7 from step 2
-        assert tracked["idle"] == [6, 6, 5, 5]
+        # two tables of 8 rows of one block each: rows 2 and 5 touched from the start, row 7 from step 2
+        assert tracked["idle"] == [12, 12, 10, 10]
     resumed, full = result["resumed"], result[0.1]["tracked"]
-    assert resumed["idle"] == [5, 5]  # rows 2 and 5 hold moments: touched, though the new record is empty
+    assert resumed["idle"] == [10, 10]  # rows 2 and 5 hold moments: touched, though the new record is empty
     assert all(torch.equal(full["params"][n], resumed["params"][n]) for n in full["params"])
     assert result["ragged_tracked"] is False
     assert "touched must be a bool tensor of shape (3,)" in result["wrong_record"]

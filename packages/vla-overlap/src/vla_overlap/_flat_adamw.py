@@ -189,7 +189,7 @@ class FlatAdamW:
 
     def _idle_cuts(self, bucket: int) -> tuple[list[int], list[tuple[int, int, int]]]:
         """Row boundaries of tracked parameters in this bucket's shard, and (start, end, flag index) per row."""
-        cuts, spans, base = [], [], 0
+        cuts, spans, base = [], [], 1  # flag 0: never idle (untracked blocks); tracks appended keep theirs
         for track in self.tracks:
             size = track["row_numel"]
             for b, piece in track["pieces"]:
@@ -206,8 +206,8 @@ class FlatAdamW:
         if flat.get("idle_index") is None:
             return None
         flags = [~(t["touched"] | t["stateful"]) for t in self.tracks]
-        flags.append(torch.zeros(1, dtype=torch.bool, device=flags[0].device))  # untracked blocks
-        return torch.cat(flags)[flat["idle_index"]]
+        never = torch.zeros(1, dtype=torch.bool, device=flags[0].device)  # untracked blocks
+        return torch.cat([never, *flags])[flat["idle_index"]]
 
     def _relabel(self, skipped: set[int]) -> None:
         """One row per (group, lag) among the pieces stepped now; rebuild the runs and blocks of buckets
@@ -246,14 +246,13 @@ class FlatAdamW:
         device = flat["master"].device
         flat["blocks"] = torch.tensor(blocks, dtype=torch.int64).reshape(-1, 3).to(device)
         flat["idle_index"] = None
-        if spans:  # each block's row flag; untracked blocks point past the tracked rows (never idle)
-            untracked = sum(len(t["touched"]) for t in self.tracks)
+        if spans:  # each block's row flag (idle_blocks); untracked blocks read flag 0, never idle
             index, s = [], 0
             for start, _, _ in blocks:
                 while s < len(spans) and spans[s][1] <= start:
                     s += 1
                 inside = s < len(spans) and spans[s][0] <= start
-                index.append(spans[s][2] if inside else untracked)
+                index.append(spans[s][2] if inside else 0)
             flat["idle_index"] = torch.tensor(index, dtype=torch.int64).to(device)
 
     def write_steps(self) -> None:
