@@ -1,6 +1,7 @@
 """The speed switches change speed, not numbers: the optimizer on its side stream (with the frozen prefix
-computed ahead) and bf16 working weights with fp32 master weights follow the plain trajectory bitwise, on the
-tiny GR00T model under bf16 autocast (CPU; graphs emulated). The GPU versions are in test_gpu.py."""
+computed ahead), bf16 working weights with fp32 master weights, and the update skipping untouched embodiment
+rows follow the plain trajectory bitwise, on the tiny GR00T model under bf16 autocast (CPU; graphs emulated).
+The GPU versions are in test_gpu.py."""
 
 from __future__ import annotations
 
@@ -61,3 +62,42 @@ def test_optimizer_overlap_and_bf16_weights_follow_the_plain_trajectory(
         for key, value in plain_weights.items():
             # bf16_weights holds matmul weights as the bf16 rounding of its fp32 masters
             assert torch.equal(weights[key], value.to(weights[key].dtype)), (name, key)
+
+
+@pytest.mark.slow
+def test_skipping_untouched_embodiment_rows_follows_the_stepped_trajectory(
+    dataset, tmp_path, train_args, monkeypatch
+) -> None:
+    """optimizations.skip_untouched_rows with the flat step (its torch arithmetic: the Triton kernel needs
+    CUDA) and grouped embodiment GEMMs: the demo dataset uses one embodiment slot, the update skips the other
+    31 slots' table rows, and every loss and weight equals the run that steps them, bitwise (what is skipped
+    would have added zeros)."""
+    import gr00t_train
+    from gr00t_train import _comm
+    from gr00t_train._build import build_parts
+
+    monkeypatch.setattr(_comm, "_flat_kernel", lambda opts, env: "torch")
+    sets = ("optimizations.bf16_weights=true", "optimizations.grouped_embodiment_gemms=on")
+    results = {}
+    for flag in ("true", "false"):
+        out = tmp_path / flag
+        overrides = train_args(dataset, out, *BASE, *sets, f"optimizations.skip_untouched_rows={flag}")[4::2]
+        cfg = gr00t_train.load_config(preset="demo", overrides=overrides)
+        env = gr00t_train.init_distributed("cpu")
+        try:
+            parts = build_parts(cfg, env)
+            table = parts.model.action_head.action_encoder.W2.W
+            before = table.detach().clone()
+            trainer = gr00t_train.Trainer(cfg, parts, env)
+            trainer.fit()
+            weights = {n: p.detach().clone() for n, p in parts.model.named_parameters()}
+        finally:
+            gr00t_train.shutdown_distributed(env)
+        touched = trainer.model.rows_touched
+        results[flag] = ([r.loss for r in trainer_records(out)], weights, touched, before)
+    losses, weights, touched, before = results["true"]
+    assert touched is not None and results["false"][2] is None
+    assert int(touched.sum()) == 1  # one embodiment
+    assert torch.equal(weights["action_head.action_encoder.W2.W"][~touched], before[~touched])
+    assert losses == results["false"][0]
+    assert all(torch.equal(value, results["false"][1][name]) for name, value in weights.items())
