@@ -26,21 +26,25 @@ BLOCK = 1024
 
 
 @triton.jit
+def adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, offsets, p, g, m, v):
+    """An AdamW step's arithmetic and bytes (fixed hyperparameters) on loaded values, stored at `offsets`."""
+    g = g.to(tl.float32)
+    p = p * 0.9999
+    m = m + 0.1 * (g - m)
+    v = v * 0.999 + 0.001 * g * g
+    p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
+    tl.store(p_ptr + offsets, p)
+    tl.store(m_ptr + offsets, m)
+    tl.store(v_ptr + offsets, v)
+    tl.store(out_ptr + offsets, p.to(tl.bfloat16))
+
+
+@triton.jit
 def adamw_persistent(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr):  # fmt: skip
     for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
-        offsets = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        p = tl.load(p_ptr + offsets)
-        g = tl.load(g_ptr + offsets)
-        m = tl.load(m_ptr + offsets)
-        v = tl.load(v_ptr + offsets)
-        p = p * 0.9999
-        m = m + 0.1 * (g - m)
-        v = v * 0.999 + 0.001 * g * g
-        p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
-        tl.store(p_ptr + offsets, p)
-        tl.store(m_ptr + offsets, m)
-        tl.store(v_ptr + offsets, v)
-        tl.store(out_ptr + offsets, p.to(tl.bfloat16))
+        o = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        p, g, m, v = tl.load(p_ptr + o), tl.load(g_ptr + o), tl.load(m_ptr + o), tl.load(v_ptr + o)
+        adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, o, p, g, m, v)
 
 
 @triton.jit
@@ -127,31 +131,13 @@ def adamw_range(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, per_program, BLOCK: tl.cons
             g2 = tl.load(g_ptr + nxt, mask=live)
             m2 = tl.load(m_ptr + nxt, mask=live)
             v2 = tl.load(v_ptr + nxt, mask=live)
-            gf = g.to(tl.float32)
-            p = p * 0.9999
-            m = m + 0.1 * (gf - m)
-            v = v * 0.999 + 0.001 * gf * gf
-            p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
-            tl.store(p_ptr + o, p)
-            tl.store(m_ptr + o, m)
-            tl.store(v_ptr + o, v)
-            tl.store(out_ptr + o, p.to(tl.bfloat16))
+            adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, o, p, g, m, v)
             p, g, m, v = p2, g2, m2, v2
     else:
         for s in tl.range(0, per_program, BLOCK, num_stages=STAGES):
             o = start + s + lanes
-            p = tl.load(p_ptr + o)
-            g = tl.load(g_ptr + o).to(tl.float32)
-            m = tl.load(m_ptr + o)
-            v = tl.load(v_ptr + o)
-            p = p * 0.9999
-            m = m + 0.1 * (g - m)
-            v = v * 0.999 + 0.001 * g * g
-            p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
-            tl.store(p_ptr + o, p)
-            tl.store(m_ptr + o, m)
-            tl.store(v_ptr + o, v)
-            tl.store(out_ptr + o, p.to(tl.bfloat16))
+            p, g, m, v = tl.load(p_ptr + o), tl.load(g_ptr + o), tl.load(m_ptr + o), tl.load(v_ptr + o)
+            adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, o, p, g, m, v)
 
 
 @triton.jit

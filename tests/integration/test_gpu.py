@@ -9,7 +9,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _run(dataset, tmp_path, train_args, *sets, dropout: bool = True):
+def _run(dataset, tmp_path, train_args, *sets, dropout: bool = True, before_fit=None):
+    """Train the demo preset on the GPU with `sets`; `before_fit(parts)` sees the parts before training."""
     import gr00t_train
     from gr00t_train._build import build_parts
 
@@ -21,6 +22,8 @@ def _run(dataset, tmp_path, train_args, *sets, dropout: bool = True):
         parts = build_parts(cfg, env)
         if not dropout:
             parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
+        if before_fit is not None:
+            before_fit(parts)
         trainer = gr00t_train.Trainer(cfg, parts, env)
         summary = trainer.fit()
     finally:
@@ -118,6 +121,13 @@ def test_bf16_gradient_buffers_follow_fp32_ones(dataset, tmp_path, train_args, l
         assert abs(runs["bf16"][step] - value) <= 1e-3 * abs(value), (step, runs["bf16"][step], value)
 
 
+# bf16 gradient buffers read in place by the flat step: one microbatch, bf16 weights, the optimizer overlapped
+_FLAT_STEP_ONE_GPU = ("steps=8", "precision=bf16", "optim.grad_accum=1", "data.augment=false", "data.shuffle=false",
+                      "optimizations.graph=per_microbatch", "optimizations.comm=zero1_overlap",
+                      "optimizations.bf16_weights=true", "optimizations.optimizer_overlap=true",
+                      "optimizations.flat_optimizer=on")  # fmt: skip
+
+
 def test_weight_gradients_written_by_their_gemms_train_as_copied_ones(
     dataset, tmp_path, train_args, losses
 ) -> None:
@@ -125,10 +135,7 @@ def test_weight_gradients_written_by_their_gemms_train_as_copied_ones(
     write the bf16 buffers. Against the hooks copying autograd's gradients in, the GEMMs are the same cuBLAS
     calls; only Inductor's fusion of the bias-gradient sums around them may differ (a bf16 rounding), so the
     losses of 8 steps must agree within 1e-3 relative, and the layers must really be routed."""
-    sets = ("steps=8", "precision=bf16", "optim.grad_accum=1", "data.augment=false", "data.shuffle=false",
-            "optimizations.graph=per_microbatch", "optimizations.comm=zero1_overlap", "optimizations.compile=on",
-            "optimizations.bf16_weights=true", "optimizations.optimizer_overlap=true",
-            "optimizations.flat_optimizer=on")  # fmt: skip
+    sets = (*_FLAT_STEP_ONE_GPU, "optimizations.compile=on")
     runs, routed = {}, {}
     for flag in ("true", "false"):
         trainer, _ = _run(dataset, tmp_path / flag, train_args, *sets,
@@ -146,34 +153,24 @@ def test_untouched_embodiment_rows_skipped_by_the_update_train_as_stepped_ones(
     """optimizations.skip_untouched_rows with the flat step: the demo dataset uses one embodiment, so the other
     slots of every per-embodiment table never get a gradient, and the update skips them. AdamW would move them
     by weight decay alone, which the demo preset does not use (at the defaults, lr 1e-4 and weight decay 1e-5,
-    the factor rounds to 1 in fp32 too): those rows must stay bitwise at their initial values in both runs, and the losses of 8 steps agree (the same kernels elsewhere;
-    1e-3 relative leaves room for run-to-run differences of the attention backward)."""
-    import gr00t_train
+    the factor rounds to 1 in fp32 too): those rows must stay bitwise at their initial values in both runs,
+    and the losses of 8 steps agree (the same kernels elsewhere; 1e-3 relative leaves room for run-to-run
+    differences of the attention backward)."""
     import torch
-    from gr00t_train._build import build_parts
 
-    sets = ("steps=8", "precision=bf16", "optim.grad_accum=1", "data.augment=false", "data.shuffle=false",
-            "optimizations.graph=per_microbatch", "optimizations.comm=zero1_overlap", "optimizations.compile=off",
-            "optimizations.bf16_weights=true", "optimizations.optimizer_overlap=true",
-            "optimizations.flat_optimizer=on")  # fmt: skip
+    sets = (*_FLAT_STEP_ONE_GPU, "optimizations.compile=off")
     runs, tables = {}, {}
     for flag in ("true", "false"):
-        extra = [*sets, f"optimizations.skip_untouched_rows={flag}"]
-        cfg = gr00t_train.load_config(
-            preset="demo", overrides=[*train_args(dataset, tmp_path / flag, *extra)[4::2], "device=cuda"]
-        )
-        env = gr00t_train.init_distributed("cuda")
-        try:
-            parts = build_parts(cfg, env)
-            parts.model.action_head.model.eval()  # no dropout
-            table = parts.model.action_head.action_encoder.W2.W
-            before = table.detach().clone()
-            trainer = gr00t_train.Trainer(cfg, parts, env)
-            trainer.fit()
-        finally:
-            gr00t_train.shutdown_distributed(env)
+        initial = {}
+
+        def keep_initial(parts, initial=initial) -> None:
+            initial["W"] = parts.model.action_head.action_encoder.W2.W.detach().clone()
+
+        trainer, _ = _run(dataset, tmp_path / flag, train_args, *sets, f"optimizations.skip_untouched_rows={flag}",
+                          dropout=False, before_fit=keep_initial)  # fmt: skip
         runs[flag] = losses(tmp_path / flag)
-        tables[flag] = (before, table.detach().clone(), trainer.model.rows_touched)
+        after = trainer.parts.model.action_head.action_encoder.W2.W.detach()
+        tables[flag] = (initial["W"], after, trainer.model.rows_touched)
     touched = tables["true"][2]
     assert touched is not None and tables["false"][2] is None
     assert 1 <= int(touched.sum()) < len(touched)

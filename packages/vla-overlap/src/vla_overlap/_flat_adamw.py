@@ -123,13 +123,17 @@ class FlatAdamW:
             self.steps[g] = max(self.steps[g], count)
         self.lags = [self.steps[g] - count for g, count in zip(self.group_of_piece, counts)]
         self._relabel(set())
-        loaded = any(key in opt.state.get(master, {}) for _, _, master in opt.pieces for key in MOMENTS)
-        if loaded or self.buckets[0]["exp_avg"] is not None:
+        if self._moments_in_state() or self.buckets[0]["exp_avg"] is not None:
             self._link_moments()
 
+    def _moments_in_state(self) -> bool:
+        """Whether the inner AdamW's state holds moments (loaded, or linked before)."""
+        return any(
+            key in self.opt.state.get(master, {}) for _, _, master in self.opt.pieces for key in MOMENTS
+        )
+
     def _link_moments(self) -> None:
-        opt = self.opt
-        loaded = any(key in opt.state.get(master, {}) for _, _, master in opt.pieces for key in MOMENTS)
+        loaded = self._moments_in_state()
         for flat in self.buckets:
             for key in MOMENTS:
                 if flat[key] is None:
@@ -201,13 +205,19 @@ class FlatAdamW:
             base += len(track["touched"])
         return cuts, sorted(spans)
 
-    def idle_blocks(self, flat: dict[str, Any]) -> torch.Tensor | None:
-        """Per block of `flat`, whether its row is idle now (None when nothing is tracked there)."""
-        if flat.get("idle_index") is None:
+    def idle_flags(self) -> torch.Tensor | None:
+        """Whether each tracked row is idle now, after flag 0 (never idle: untracked blocks); None untracked."""
+        if not self.tracks:
             return None
         flags = [~(t["touched"] | t["stateful"]) for t in self.tracks]
-        never = torch.zeros(1, dtype=torch.bool, device=flags[0].device)  # untracked blocks
-        return torch.cat([never, *flags])[flat["idle_index"]]
+        return torch.cat([flags[0].new_zeros(1), *flags])
+
+    def idle_blocks(self, flat: dict[str, Any], flags: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Per block of `flat`, whether its row is idle now (None when nothing is tracked there); `flags`:
+        idle_flags() when already computed for this step."""
+        if flat.get("idle_index") is None:
+            return None
+        return (self.idle_flags() if flags is None else flags)[flat["idle_index"]]
 
     def _relabel(self, skipped: set[int]) -> None:
         """One row per (group, lag) among the pieces stepped now; rebuild the runs and blocks of buckets
@@ -299,8 +309,9 @@ class FlatAdamW:
             self._relabel(set(skipped))
         table = self.table(self.opt.masters[0].device)
         run = _triton_step if self.kernel == "triton" else _torch_step
+        flags = self.idle_flags()  # once per step, for every bucket
         for flat in self.buckets:
-            run(flat, table, coef, self.idle_blocks(flat))
+            run(flat, table, coef, self.idle_blocks(flat, flags))
 
 
 def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
