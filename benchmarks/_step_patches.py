@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from unittest import mock
 
+import _wgrad_stream_probe
 import torch
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
+    # probes of the ninth pass (_wgrad_stream_probe.py; they leave AOTAutograd's donated buffers off for the
+    # rest of the process: run them last). Inductor's buffer reuse and donated buffers off, alone; then with the
+    # routed Linears' weight-gradient GEMMs on a side stream beside the backward
+    "ours-full-no-reuse": lambda t: _wgrad_stream_probe.no_reuse(t),
+    "ours-full-wgrad-stream": lambda t: _wgrad_stream_probe.wgrad_stream(t),
     # the optimizer's side stream at a higher priority
     "ours-full-high-priority": lambda t: setattr(t.updates, "_stream", torch.cuda.Stream(priority=-1)),
     # the clipping norm summed per parameter piece (torch's order) instead of per bucket shard
@@ -21,6 +27,12 @@ PATCHES = {  # measured variants of a row, applied to the built Trainer
 }
 
 BUILT_WITH = {  # variants that must be in place while the Trainer is built
+    "ours-full-no-reuse": lambda: mock.patch.object(
+        torch, "compile", _with_options(allow_buffer_reuse=False, inplace_buffers=False)
+    ),
+    "ours-full-wgrad-stream": lambda: mock.patch.object(
+        torch, "compile", _with_options(allow_buffer_reuse=False, inplace_buffers=False)
+    ),
     # Inductor autotunes each block's GEMMs (Triton templates against cuBLAS) and its pointwise/reduction
     # kernels (coordinate descent), as mode="max-autotune-no-cudagraphs" does
     "ours-full-max-autotune": lambda: mock.patch.object(
@@ -33,13 +45,13 @@ BUILT_WITH = {  # variants that must be in place while the Trainer is built
     # coordinate descent for the frozen vision blocks only: their forward-only kernels are few, so tuning them
     # should cost seconds, where tuning every block's forward and backward cost 100 s (sixth pass)
     "ours-full-cd-vision": lambda: mock.patch.object(
-        torch, "compile", _with_options(blocks=("Siglip2EncoderLayer",), coordinate_descent_tuning=True)
+        torch, "compile", _with_options(blocks=("VisionLayer",), coordinate_descent_tuning=True)
     ),
     # the same for SigLIP2 and the Qwen3 layers (12 frozen, 4 trainable ones share the class)
     "ours-full-cd-backbone": lambda: mock.patch.object(
         torch,
         "compile",
-        _with_options(blocks=("Siglip2EncoderLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
+        _with_options(blocks=("VisionLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
     ),
     # Inductor's default reductions: no persistent variant past 1024 elements per row (before the seventh pass,
     # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)

@@ -16,9 +16,9 @@ difference. The `profile` row gives the GPU kernel time by family of the full st
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
 `-fp32-grads`, `-separate-gelu`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
-`-max-autotune` are measured variants of
-`ours-full` (_step_patches.py); `ours-serial` runs the flat update on
-the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
+`-max-autotune` are measured variants of `ours-full` (_step_patches.py); so are the probes `-no-reuse` and
+`-wgrad-stream` (weight-gradient GEMMs on a side stream, _wgrad_stream_probe.py), which must run last.
+`ours-serial` runs the flat update on the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
 GEMMs write them; `ours-full-gathered-embodiments` gathers each sample's per-embodiment matrices instead of the
 grouped GEMMs. `ours-full-one-embodiment` puts every sample in one embodiment slot (the update then skips the
 other slots' table rows), `-stepped` without that skip. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);

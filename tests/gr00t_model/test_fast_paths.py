@@ -102,8 +102,9 @@ def test_compiled_blocks_keep_names_reuse_one_graph_per_block_type_and_match_eag
     finally:
         model.uncompile_blocks()
         torch._dynamo.reset()
-    # vision, frozen and trainable LLM layers, DiT self- and cross-attention blocks: one graph per type
-    assert 0 < graphs <= 5 < count, graphs
+    # vision (the first layer, with no residual add left by a layer before it, has a graph of its own),
+    # frozen and trainable LLM layers, DiT self- and cross-attention blocks: one graph per type
+    assert 0 < graphs <= 6 < count, graphs
     torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-6, atol=0)
     for name in grads_eager:
         torch.testing.assert_close(grads_compiled[name], grads_eager[name], rtol=1e-5, atol=1e-7)

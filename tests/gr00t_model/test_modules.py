@@ -52,6 +52,31 @@ def test_vision_tower_matches_transformers_siglip2(fp32_tiny, size) -> None:
     torch.testing.assert_close(got.reshape(3, rows * cols, -1), expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vision_layers_leave_their_last_residual_add_to_the_next_with_the_same_arithmetic(
+    fp32_tiny, dtype
+) -> None:
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2EncoderLayer
+
+    config = fp32_tiny()
+    tower = VisionTower(config).eval().to(dtype)
+    init_vision_(tower)
+    plain = [Siglip2EncoderLayer(siglip2_config(config)).eval().to(dtype) for _ in tower.encoder.layers]
+    for reference, layer in zip(plain, tower.encoder.layers, strict=True):
+        reference.load_state_dict(layer.state_dict())
+    assert len(plain) > 1
+    hidden = torch.randn(2, 16, config.vision_hidden_size, dtype=dtype)
+    with torch.no_grad():
+        expected = hidden
+        for reference in plain:
+            out = reference(expected, attention_mask=None)
+            expected = out[0] if isinstance(out, tuple) else out
+        got, pending = hidden, None
+        for layer in tower.encoder.layers:
+            got, pending = layer(got, pending)
+    assert torch.equal(got + pending, expected)  # the same adds in the same order: bitwise
+
+
 def test_images_attend_only_within_themselves(fp32_tiny) -> None:
     tower = VisionTower(fp32_tiny()).eval()
     images = torch.randn(2, 3, 56, 56)
