@@ -209,8 +209,8 @@ class OptimizationsConfig(_Section):
     (GR00TConfig.grouped_embodiment_gemms); with bf16_weights their tables are then held in bf16 too. The
     same products, each slot's weight gradient summed in one GEMM. auto = on with CUDA."""
     skip_untouched_rows: bool = True
-    """With the flat optimizer on one GPU: the update skips the rows of the per-embodiment tables that no batch
-    has touched (vla-overlap's `track_rows`). Their gradients and moments are zero, so AdamW would move them by
+    """With the flat optimizer: the update skips the rows of the per-embodiment tables that no batch has touched
+    (vla-overlap's `track_rows`; at more than one rank, no rank's batch). Their gradients and moments are zero, so AdamW would move them by
     weight decay alone, which the step still applies (and which rounds to nothing at lr 1e-4, weight decay
     1e-5): the same result. Fine-tuning on one embodiment, 31 of 32 slots (20% of n1.6-3b's trainable weights)
     are never touched."""

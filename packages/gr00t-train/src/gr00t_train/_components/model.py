@@ -76,7 +76,17 @@ class ModelComponent:
         """Zero the gradients, run every microbatch (forward + backward) and the gradient sync: gradients are
         then the mean over microbatches and ranks. Returns the mean loss, detached, on the device."""
         losses = self.graphed_step(microbatches)
+        self._share_rows()
         return torch.stack([loss.float() for loss in losses]).mean()
+
+    def _share_rows(self) -> None:
+        """At more than one rank, OR the row record across ranks before the update: each rank steps its shard
+        of every row, and a row any rank's batch touched has a gradient after the reduction (track_rows'
+        contract). One all-reduce of a byte per row."""
+        if self.rows_touched is not None and self.env.world_size > 1:
+            torch.distributed.all_reduce(
+                self.rows_touched.view(torch.uint8), op=torch.distributed.ReduceOp.MAX
+            )
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The global gradient norm before clipping; clips to `max_norm` (0: no clipping)."""
@@ -108,9 +118,9 @@ class ModelComponent:
 
 def _track_rows(cfg: TrainConfig, parts: TrainParts, env: DistEnv, optimizer) -> tuple:
     """(record, batch key) when the optimizer skips untouched table rows (optimizations.skip_untouched_rows):
-    one record for all of TrainParts.row_tables (their rows are indexed alike). One GPU only: at more, each
-    rank would need every rank's record before the step."""
-    if parts.row_tables is None or not cfg.optimizations.skip_untouched_rows or env.world_size > 1:
+    one record for all of TrainParts.row_tables (their rows are indexed alike), OR-ed across ranks before each
+    update (`_share_rows`)."""
+    if parts.row_tables is None or not cfg.optimizations.skip_untouched_rows:
         return None, None
     if not isinstance(optimizer, vla_overlap.DistributedAdamW):
         return None, None
