@@ -77,6 +77,21 @@ def test_vision_layers_leave_their_last_residual_add_to_the_next_with_the_same_a
     assert torch.equal(got + pending, expected)  # the same adds in the same order: bitwise
 
 
+def test_a_model_with_its_vision_layers_pickles_whole(fp32_tiny) -> None:
+    import io
+
+    from gr00t_model import GR00TN16
+
+    model = GR00TN16(fp32_tiny())
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # the layer class is made on first use; pickle must find it by name
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    layer = loaded.backbone.vision_model.encoder.layers[0]
+    assert type(layer) is type(model.backbone.vision_model.encoder.layers[0])
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
 def test_images_attend_only_within_themselves(fp32_tiny) -> None:
     tower = VisionTower(fp32_tiny()).eval()
     images = torch.randn(2, 3, 56, 56)

@@ -97,7 +97,15 @@ def vision_layer_class() -> type[nn.Module]:
             )
             return hidden, self.mlp(self.layer_norm2(hidden))
 
+    # Found again by name (module __getattr__ below), so whole models still pickle.
+    VisionLayer.__module__, VisionLayer.__qualname__ = __name__, "VisionLayer"
     return VisionLayer
+
+
+def __getattr__(name: str):
+    if name == "VisionLayer":
+        return vision_layer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Encoder(nn.Module):
