@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import gr00t_train
 import pytest
 import torch
+from _torchrun import torchrun
 
 STANDINS = Path(__file__).with_name("standins.py")
 
@@ -49,28 +46,8 @@ def _standin_flops_per_sample() -> float:
 
 
 def _torchrun(script: Path, *args: str) -> None:
-    # --standalone: torchrun binds a free port itself (probing one first races with other jobs)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(script),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
-        out, _ = proc.communicate()
-        raise AssertionError("torchrun timed out:\n" + out[-3000:]) from None
-    assert proc.returncode == 0, out[-5000:]
+    code, output = torchrun(str(script), *args, timeout=120)
+    assert code == 0, output[-5000:]
 
 
 @pytest.mark.slow

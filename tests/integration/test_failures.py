@@ -20,6 +20,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import vla_io
+from _torchrun import torchrun
 from gr00t_train.cli import main
 
 
@@ -177,27 +178,12 @@ def test_kill_during_save_keeps_the_previous_checkpoint(
     assert sorted(losses(out)) == [1, 2, 3, 4]
 
 
-def _torchrun(argv: list[str]) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "gr00t_train", *argv]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
-        output, _ = proc.communicate()
-        raise AssertionError("torchrun timed out:\n" + output[-3000:]) from None
-    return proc.returncode, output
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
     out = tmp_path / "run"
     argv = train_args(dataset, out, "steps=3", "checkpoint.every=3", "optimizations.comm=overlap")
-    code, output = _torchrun(argv)
+    code, output = torchrun("-m", "gr00t_train", *argv)
     assert code == 0, output[-5000:]
     assert sorted(losses(out)) == [1, 2, 3]
     ck = out / "checkpoints" / "step_000003"

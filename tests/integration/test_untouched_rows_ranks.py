@@ -5,13 +5,10 @@ every row, and a row touched only on the other rank still has a gradient after t
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
+from _torchrun import torchrun
 
 _WORKER = r"""
 import json, sys
@@ -52,17 +49,8 @@ def test_two_ranks_share_their_row_records_and_follow_the_stepped_trajectory(dat
     overrides = [s for s in train_args(dataset, tmp_path, *sets)[4::2] if not s.startswith("output_dir=")]
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-           str(tmp_path), json.dumps(overrides)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=360)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only the launcher
-        output, _ = proc.communicate()
-        raise AssertionError("torchrun timed out:\n" + output[-3000:]) from None
-    assert proc.returncode == 0, output[-5000:]
+    code, output = torchrun(str(script), str(tmp_path), json.dumps(overrides), timeout=360)
+    assert code == 0, output[-5000:]
 
     runs = {
         (flag, rank): torch.load(tmp_path / f"{flag}-rank{rank}.pt")
