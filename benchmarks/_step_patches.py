@@ -7,6 +7,8 @@ from unittest import mock
 
 import _wgrad_stream_probe
 import torch
+from torch.nn.attention import SDPBackend
+from vla_overlap._grad_in_bucket import route_weight_grad as _ROUTE_WEIGHT_GRAD
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
     # probes of the ninth pass (_wgrad_stream_probe.py; they leave AOTAutograd's donated buffers off for the
@@ -26,7 +28,7 @@ PATCHES = {  # measured variants of a row, applied to the built Trainer
     ),
 }
 
-BUILT_WITH = {  # variants that must be in place while the Trainer is built
+BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-no-reuse": lambda: mock.patch.object(
         torch, "compile", _with_options(allow_buffer_reuse=False, inplace_buffers=False)
     ),
@@ -57,6 +59,23 @@ BUILT_WITH = {  # variants that must be in place while the Trainer is built
     # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
     "ours-full-looped-reductions": lambda: mock.patch.object(
         torch, "compile", _with_options(**{"triton.multi_kernel": 0})
+    ),
+    # bias gradients copied into their buffers by the hooks instead of summed there (before the tenth pass)
+    "ours-full-bias-copies": lambda: mock.patch(
+        "vla_overlap._grad_in_bucket.route_weight_grad",
+        lambda linear, view, accumulate, bias_view=None: _ROUTE_WEIGHT_GRAD(linear, view, accumulate),
+    ),
+    # SigLIP2's q, k and v projections as three GEMMs (before the tenth pass)
+    "ours-full-separate-qkv": lambda: mock.patch("gr00t_model._model.merge_qkv", lambda attn: False),
+    # the DiT's self-attention on SDPA's own pick, cuDNN on an H200 (before the tenth pass)
+    "ours-full-sdpa-self-attention": lambda: mock.patch(
+        "gr00t_model._dit.SELF_ATTENTION_BACKENDS",
+        [
+            SDPBackend.CUDNN_ATTENTION,
+            SDPBackend.FLASH_ATTENTION,
+            SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.MATH,
+        ],
     ),
     # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
     "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),

@@ -15,7 +15,7 @@ stack and eager for N steps with dropout off on identical batches and reports th
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
-`-fp32-grads`, `-separate-gelu`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
+`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-bias-copies`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
 `-max-autotune` are measured variants of `ours-full` (_step_patches.py); so are the probes `-no-reuse` and
 `-wgrad-stream` (weight-gradient GEMMs on a side stream, _wgrad_stream_probe.py), which must run last.
 `ours-serial` runs the flat update on the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
@@ -151,15 +151,17 @@ def run_ours(args, name, sets, out: Path, env, batches=None, steps=None, dropout
     batches = batches or _batches(args)
     if "one-embodiment" in name:  # as when fine-tuning on one robot: every sample in slot 10
         batches = [{**b, "embodiment_id": torch.full_like(b["embodiment_id"], 10)} for b in batches]
-    with BUILT_WITH.get(name, contextlib.nullcontext)():
+    with BUILT_WITH.get(
+        name, contextlib.nullcontext
+    )():  # held through the run: blocks compile at its first step
         parts = _parts(cfg, env, batches)
         if not dropout:
             parts.model.action_head.model.eval()  # the DiT's dropout is its only train-mode behaviour
         _cuda("reset_peak_memory_stats")
         trainer = gr00t_train.Trainer(cfg, parts, env)
-    if name in PATCHES:
-        PATCHES[name](trainer)
-    summary = trainer.fit()
+        if name in PATCHES:
+            PATCHES[name](trainer)
+        summary = trainer.fit()
     row = {"row": name, "sets": sets, **summary.as_dict(), **trainer.run_facts()}
     row["losses"] = [json.loads(x)["loss"] for x in (out / name / "metrics.jsonl").read_text().splitlines()]
     parts.model.uncompile_blocks()  # the compiled forwards hold their blocks: let the model go

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
-from gr00t_model._frozen_linear import FrozenLinear, gelu_into_gemm, pad_mlp, use_fp8
+from gr00t_model._frozen_linear import (
+    FrozenLinear,
+    MergedFrozenLinear,
+    gelu_into_gemm,
+    merge_qkv,
+    pad_mlp,
+    use_fp8,
+)
 from torch import nn
 
 
@@ -128,12 +135,14 @@ def test_model_prepares_the_frozen_prefix_only() -> None:
         assert model.prepare_frozen_prefix() == {
             "padded_mlps": layers,
             "gelu_in_gemm": layers,
+            "merged_qkv": layers,
             "fp8_linears": 0,
         }
         torch.testing.assert_close(model(batch, noise=noise, t=t)["loss"], ref, rtol=1e-6, atol=0)
         done = model.prepare_frozen_prefix(fp8=True)
         out = model(batch, noise=noise, t=t)["loss"]
     assert list(model.state_dict()) == keys
+    assert not any(hasattr(layer.self_attn, "qkv") for layer in model.backbone.vision_model.encoder.layers)
     fp8 = {name for name, m in model.named_modules() if isinstance(m, FrozenLinear) and m.fp8}
     assert done["fp8_linears"] == len(fp8) > 0
     allowed = ("backbone.vision_model.encoder.", "backbone.mlp1.") + tuple(
@@ -150,5 +159,33 @@ def test_model_prepares_the_frozen_prefix_only() -> None:
     assert trainable.prepare_frozen_prefix(fp8=True) == {
         "padded_mlps": 0,
         "gelu_in_gemm": 0,
+        "merged_qkv": 0,
         "fp8_linears": 0,
     }
+
+
+def test_merged_q_k_v_compute_what_the_three_layers_compute() -> None:
+    attn = nn.Module()
+    attn.q_proj, attn.k_proj, attn.v_proj = (_frozen_linear(64, 48) for _ in range(3))
+    x = torch.randn(3, 7, 64)
+    ref = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+    keys = list(attn.state_dict())
+    assert merge_qkv(attn) and not merge_qkv(attn)
+    assert list(attn.state_dict()) == keys  # the stacked copy is no parameter or buffer
+    # The same dot products over the same K, each in one output column: fp32 summation order at most.
+    torch.testing.assert_close(attn.qkv(x), ref, rtol=0, atol=64 * 2**-23 * float(ref.abs().max()))
+    # A load refreshes the stacked copy, and so does a dtype change.
+    state = {k: v + 1 for k, v in attn.state_dict().items()}
+    attn.load_state_dict(state)
+    torch.testing.assert_close(attn.qkv(x)[..., 48:96], attn.k_proj(x), rtol=1e-6, atol=1e-5)
+    attn.to(torch.float64)
+    assert attn.qkv.prepared_weight.dtype == torch.float64
+    trainable = nn.Module()
+    trainable.q_proj, trainable.k_proj, trainable.v_proj = (
+        _frozen_linear(),
+        nn.Linear(64, 48),
+        _frozen_linear(),
+    )
+    assert not merge_qkv(trainable) and not hasattr(trainable, "qkv")
+    with pytest.raises(ValueError, match="frozen"):
+        MergedFrozenLinear([nn.Linear(4, 4)])

@@ -86,7 +86,7 @@ def test_prepared_prefix_compiled_and_graphed() -> None:
         truth = fp32.frozen_prefix(batch).hidden
         plain_eager, plain_graphed = prefix().clone(), graphed()
         done = model.prepare_frozen_prefix()
-        assert done["padded_mlps"] == done["gelu_in_gemm"] == config.vision_num_layers
+        assert done["padded_mlps"] == done["gelu_in_gemm"] == done["merged_qkv"] == config.vision_num_layers
         prepared_graphed = graphed()
         assert model.prepare_frozen_prefix(fp8=True)["fp8_linears"] > 0
         fp8_eager, fp8_graphed = prefix().clone(), graphed()

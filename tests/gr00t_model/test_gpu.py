@@ -149,3 +149,38 @@ def test_bf16_matmul_weights_and_the_frozen_prefix_compute_what_autocast_compute
     for loss, grads in results[1:]:
         assert torch.equal(loss, results[0][0])
         assert all(torch.equal(a, b) for a, b in zip(grads, results[0][1]))
+
+
+def test_dit_self_attention_on_the_efficient_kernel_is_as_close_to_fp64_as_sdpas_pick() -> None:
+    # The DiT's self-attention blocks run on SDPA's memory-efficient kernel (SELF_ATTENTION_BACKENDS), not
+    # the backend SDPA would pick: its output and gradients must be as close to an fp64 reference.
+    from gr00t_model._dit import Attention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    attn = Attention(1536, 32, 48, 0.0, None).cuda()
+    x = torch.randn(16, 51, 1536, device="cuda")
+
+    def run(dtype, backends=None):
+        layer = Attention(1536, 32, 48, 0.0, None).to("cuda", dtype)
+        layer.load_state_dict(attn.state_dict())
+        inp = x.to(dtype).requires_grad_(True)
+        if backends is None:  # the module's own path
+            out = layer(inp)
+        else:  # the plain SDPA call with the given backends (the module falls back to its plain path on CPU)
+            with sdpa_kernel(backends):
+                query = layer.split(layer.to_q(inp))
+                key, value = layer.key_values(inp)
+                out = torch.nn.functional.scaled_dot_product_attention(query, key, value)
+                out = layer.to_out[0](out.transpose(1, 2).flatten(2))
+        out.square().sum().backward()
+        return out.double(), inp.grad.double(), layer.to_q.weight.grad.double()
+
+    reference = run(torch.float64, [SDPBackend.MATH])
+    ours = run(torch.bfloat16)
+    picked = run(torch.bfloat16, [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+    for mine, sdpa, ref in zip(ours, picked, reference):
+        scale = ref.abs().max()
+        error, baseline = (mine - ref).abs().max() / scale, (sdpa - ref).abs().max() / scale
+        # bf16 rounding sets both errors (a few 2^-8); kernels differ only in summation order
+        assert error <= 2 * baseline + 2**-10, (error, baseline)

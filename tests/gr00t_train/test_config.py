@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import gr00t_train
 import pytest
@@ -229,3 +230,36 @@ def test_the_flat_optimizer_needs_zero1_and_a_gpu() -> None:
     )
     assert cfg.optimizations.flat_optimizer == "on"
     assert apply_overrides(TrainConfig(), ["device=cpu"]).optimizations.flat_optimizer == "auto"  # off on CPU
+
+
+@pytest.mark.parametrize(
+    ("sets", "zero"),
+    [
+        (["device=cpu", "optimizations.comm=overlap", "optimizations.graph=per_microbatch"], False),
+        (["device=cuda", "optimizations.comm=overlap", "optimizations.graph=per_microbatch"], True),
+        (["device=cuda", "optimizations.graph=eager"], False),
+        (["device=cuda", "optimizations.graph=eager", "optimizations.gemm_workspace=zero"], True),
+        (["device=cuda", "optimizations.comm=overlap", "optimizations.graph=full_iteration",
+          "optimizations.gemm_workspace=default"], False),
+    ],
+)  # fmt: skip
+def test_which_runs_ask_cublas_for_no_workspace(sets, zero) -> None:
+    from gr00t_train._backends import wants_zero_gemm_workspace
+
+    assert wants_zero_gemm_workspace(load_config(overrides=sets)) is zero
+
+
+def test_without_a_runtime_setter_the_environment_asks_for_it(monkeypatch) -> None:
+    # torch 2.11 reads CUBLAS_WORKSPACE_CONFIG once; the run sets it unless the caller already did.
+    from gr00t_train._backends import WORKSPACE_ENV, request_zero_gemm_workspace
+
+    monkeypatch.delattr(torch.backends.cuda, "cublas_workspace_size", raising=False)
+    monkeypatch.delenv(WORKSPACE_ENV, raising=False)
+    cuda = ["device=cuda", "optimizations.comm=overlap", "optimizations.graph=per_microbatch"]
+    request_zero_gemm_workspace(load_config(overrides=[*cuda, "optimizations.gemm_workspace=default"]))
+    assert WORKSPACE_ENV not in os.environ
+    request_zero_gemm_workspace(load_config(overrides=cuda))
+    assert os.environ[WORKSPACE_ENV] == ":0:0"
+    monkeypatch.setenv(WORKSPACE_ENV, ":4096:8")  # e.g. set for deterministic cuBLAS
+    request_zero_gemm_workspace(load_config(overrides=cuda))
+    assert os.environ[WORKSPACE_ENV] == ":4096:8"

@@ -12,7 +12,7 @@ from torch import nn
 from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
-from ._frozen_linear import gelu_into_gemm, pad_mlp, use_fp8
+from ._frozen_linear import gelu_into_gemm, merge_qkv, pad_mlp, use_fp8
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
 
@@ -103,7 +103,8 @@ class GR00TN16(nn.Module):
     def prepare_frozen_prefix(self, fp8: bool = False) -> dict[str, int]:
         """Prepare the frozen weights of the vision side once for faster GEMMs (`_frozen_linear`): each frozen
         SigLIP2 MLP padded from 4304 to 4352 wide (the same result; compiled, the down-projection then
-        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue, and
+        takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue, each
+        frozen SigLIP2 attention's q, k and v projections computed as one GEMM (not with `fp8`), and
         with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector, frozen Qwen3 layers) in FP8
         with rowwise scales. FP8 changes the numerics and applies only
         when nothing before the first trainable weight needs gradients (the vision side frozen). Call before
@@ -112,6 +113,10 @@ class GR00TN16(nn.Module):
         layers = backbone.vision_model.encoder.layers
         padded = sum(pad_mlp(layer.mlp) for layer in layers)
         gelu_in_gemm = sum(gelu_into_gemm(layer.mlp) for layer in layers)
+        # One GEMM for q, k and v; FP8 keeps three FP8 GEMMs instead (and drops an earlier call's merge).
+        for attn in (layer.self_attn for layer in layers if fp8 and hasattr(layer.self_attn, "qkv")):
+            del attn.qkv
+        merged = 0 if fp8 else sum(merge_qkv(layer.self_attn) for layer in layers)
         depth = backbone.frozen_depth()
         quantized = 0
         if fp8 and depth is not None:
@@ -120,7 +125,12 @@ class GR00TN16(nn.Module):
             quantized = use_fp8([backbone.vision_model.encoder], exclude=("mlp.fc2",)) + use_fp8(
                 [backbone.mlp1, *backbone.language_model.layers[:depth]]
             )
-        return {"padded_mlps": padded, "gelu_in_gemm": gelu_in_gemm, "fp8_linears": quantized}
+        return {
+            "padded_mlps": padded,
+            "gelu_in_gemm": gelu_in_gemm,
+            "merged_qkv": merged,
+            "fp8_linears": quantized,
+        }
 
     def repeated_blocks(self) -> list[nn.Module]:
         """Every instance of the repeated blocks: SigLIP2 encoder layers, Qwen3 decoder layers, DiT blocks."""

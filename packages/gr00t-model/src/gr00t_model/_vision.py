@@ -92,14 +92,25 @@ def vision_layer_class() -> type[nn.Module]:
             the same order as the plain layer."""
             if pending is not None:
                 hidden = hidden + pending
-            hidden = hidden + _first(
-                self.self_attn(hidden_states=self.layer_norm1(hidden), attention_mask=None)
-            )
+            normed = self.layer_norm1(hidden)
+            if hasattr(self.self_attn, "qkv"):  # frozen, q/k/v merged (prepare_frozen_prefix)
+                hidden = hidden + merged_attention(self.self_attn, normed)
+            else:
+                hidden = hidden + _first(self.self_attn(hidden_states=normed, attention_mask=None))
             return hidden, self.mlp(self.layer_norm2(hidden))
 
     # Found again by name (module __getattr__ below), so whole models still pickle.
     VisionLayer.__module__, VisionLayer.__qualname__ = __name__, "VisionLayer"
     return VisionLayer
+
+
+def merged_attention(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' Siglip2Attention (SDPA, no mask, no dropout) with q, k and v from one GEMM (`attn.qkv`,
+    a MergedFrozenLinear): the same heads, scale and output projection."""
+    n, s = x.shape[:2]
+    q, k, v = attn.qkv(x).view(n, s, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)
+    return attn.out_proj(out.transpose(1, 2).reshape(n, s, -1))
 
 
 def __getattr__(name: str):

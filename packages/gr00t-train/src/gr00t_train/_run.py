@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ._backends import request_zero_gemm_workspace
 from ._config import TrainConfig
 from ._distributed import init_distributed, shutdown_distributed
 from ._errors import DataError
@@ -21,6 +22,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     """Train as `cfg` says (under torchrun: one process per GPU); returns the summary on rank 0."""
     from ._build import build_parts
 
+    request_zero_gemm_workspace(cfg)  # before anything can call cuBLAS (torch 2.11 reads it once)
     env = init_distributed(cfg.device)
     if env.device.type == "cpu":
         share_cpu_cores(cfg)
