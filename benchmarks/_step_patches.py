@@ -8,7 +8,6 @@ from unittest import mock
 import _wgrad_stream_probe
 import torch
 from torch.nn.attention import SDPBackend
-from vla_overlap._grad_in_bucket import route_weight_grad as _ROUTE_WEIGHT_GRAD
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
     # probes of the ninth pass (_wgrad_stream_probe.py; they leave AOTAutograd's donated buffers off for the
@@ -59,11 +58,6 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
     "ours-full-looped-reductions": lambda: mock.patch.object(
         torch, "compile", _with_options(**{"triton.multi_kernel": 0})
-    ),
-    # bias gradients copied into their buffers by the hooks instead of summed there (before the tenth pass)
-    "ours-full-bias-copies": lambda: mock.patch(
-        "vla_overlap._grad_in_bucket.route_weight_grad",
-        lambda linear, view, accumulate, bias_view=None: _ROUTE_WEIGHT_GRAD(linear, view, accumulate),
     ),
     # SigLIP2's q, k and v projections as three GEMMs (before the tenth pass)
     "ours-full-separate-qkv": lambda: mock.patch("gr00t_model._model.merge_qkv", lambda attn: False),

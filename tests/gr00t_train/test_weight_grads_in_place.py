@@ -1,5 +1,4 @@
-"""GR00T's weight gradients written into vla-overlap's buffers by their own GEMMs (and bias gradients by their
-row sums) equal the copied ones.
+"""GR00T's weight gradients written into vla-overlap's buffers by their own GEMMs equal the copied ones.
 
 The case the trainer routes (optimizations.weight_grads_in_place): bf16 weights under bf16 autocast, buffers
 in the weights' dtype, one backward per step. The same GEMMs on the same layouts, so bitwise on a CPU; this
@@ -32,9 +31,6 @@ def test_gr00t_weight_gradients_in_place_equal_the_copied_ones(env) -> None:
         )
         if in_place:
             routed.append(wrapped.write_weight_grads_in_place())
-            layers = [m for m in wrapped.module.modules() if type(m) is nn.Linear]
-            biases = sum(getattr(m, "_grad_bias_view", None) is not None for m in layers)
-            assert biases == sum(m.bias is not None and m.bias.requires_grad for m in layers) > 20
         wrapped.zero_grad_buffer()
         with torch.random.fork_rng():  # the same dropout draws in both runs
             torch.manual_seed(5)

@@ -167,12 +167,10 @@ class OverlapDataParallel(nn.Module):
 
     def write_weight_grads_in_place(self) -> int:
         """While this wrapper lives, each nn.Linear whose trainable weight has a buffer of its dtype writes its
-        weight gradient there, not for the hook to copy, and its bias gradient likewise where the bias has one
-        (contract: `_grad_in_bucket`). Returns the count of Linears."""
+        weight gradient there, not for the hook to copy (contract: `_grad_in_bucket`). Returns the count."""
         targets = {id(p): g for p, g in zip(self._params, self._grads.main_grads)}
         routed = route_linears(self.module, targets, accumulate=not self.config.overwrite_first_grad)
-        biases = [m.bias for m in routed if m._grad_bias_view is not None]
-        self._in_place = frozenset(self._slot_of[id(p)] for p in [*(m.weight for m in routed), *biases])
+        self._in_place = frozenset(self._slot_of[id(linear.weight)] for linear in routed)
         weakref.finalize(self, unroute_linears, [(m, m._grad_bucket_view) for m in routed])  # then plain
         return len(routed)
 
