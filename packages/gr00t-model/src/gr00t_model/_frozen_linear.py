@@ -91,18 +91,7 @@ class FrozenLinear(nn.Module):
         else:
             prepared = {"prepared_weight": weight}
         prepared["prepared_bias"] = bias
-        for name, value in prepared.items():
-            old = getattr(self, name, None)
-            if (
-                value is not None
-                and old is not None
-                and old.shape == value.shape
-                and old.device == value.device
-                and old.dtype == value.dtype
-            ):
-                old.copy_(value)
-            else:
-                setattr(self, name, None if value is None else value.contiguous())
+        store_prepared(self, prepared)
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -143,6 +132,18 @@ class FrozenLinear(nn.Module):
             out = ((quantized.float() * scale) @ weight.t()).to(dtype)
             out = out if bias is None else out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def store_prepared(module: nn.Module, prepared: dict[str, torch.Tensor | None]) -> None:
+    """Set `module`'s prepared tensors (plain attributes): in place where one of the same shape, dtype and
+    device is there (captured CUDA graphs read it), else as a new contiguous tensor."""
+    for name, value in prepared.items():
+        old = getattr(module, name, None)
+        same = old is not None and value is not None
+        if same and (old.shape, old.dtype, old.device) == (value.shape, value.dtype, value.device):
+            old.copy_(value)
+        else:
+            setattr(module, name, None if value is None else value.contiguous())
 
 
 def fp8_fits(in_features: int, out_features: int) -> bool:
@@ -245,18 +246,7 @@ class MergedFrozenLinear(nn.Module):
         """Stack the current weights and biases again (after they changed)."""
         weight = torch.cat([layer.weight for layer in self.sources])
         bias = None if self.sources[0].bias is None else torch.cat([layer.bias for layer in self.sources])
-        for name, value in (("prepared_weight", weight), ("prepared_bias", bias)):
-            old = getattr(self, name, None)
-            if (
-                value is not None
-                and old is not None
-                and old.shape == value.shape
-                and old.device == value.device
-                and old.dtype == value.dtype
-            ):
-                old.copy_(value)
-            else:
-                setattr(self, name, value)
+        store_prepared(self, {"prepared_weight": weight, "prepared_bias": bias})
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
