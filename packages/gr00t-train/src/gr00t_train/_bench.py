@@ -90,14 +90,20 @@ def run_ladder(
     With `profile`, the last row's GPU kernel time by family over 3 extra steps is added. The first row runs
     `baseline_runs` times (the baseline is host-bound and varies between runs): it reports the run of
     median samples/s, every run's samples/s in `samples_per_s_runs`."""
+    from ._backends import request_zero_gemm_workspace
     from ._distributed import init_distributed, shutdown_distributed
 
     if baseline_runs < 1:
         raise ValueError(f"baseline_runs must be >= 1, got {baseline_runs}")
-    env = init_distributed(base.device)
-    results = []
     configs = ladder_configs(base, steps, warmup)
     selected = [i for i in range(len(configs)) if rows is None or i in rows]
+    if selected:
+        # torch 2.11 reads cuBLAS's workspace size once per process: the last row's choice then holds for
+        # every row (no workspace: the same or faster kernels than the default's, BENCHMARKS.md tenth pass).
+        # Torch with a runtime setter gives each row its own.
+        request_zero_gemm_workspace(configs[selected[-1]][1])
+    env = init_distributed(base.device)
+    results = []
     try:
         for index in selected:
             name, cfg = configs[index]

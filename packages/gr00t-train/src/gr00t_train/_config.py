@@ -180,8 +180,8 @@ class OptimizationsConfig(_Section):
     memset costs about 5 us of idle GPU (n1.6-3b: about 330 per step, +1.4% samples/s without them on an
     H200). Split-K GEMMs, which need a workspace, are then not chosen. auto = zero on CUDA with a graph mode.
     With torch 2.11 and older it works through CUBLAS_WORKSPACE_CONFIG=:0:0, which torch reads at the process's
-    first GEMM (a value the caller set is kept), so in a process that ran a GEMM before (`gr00t-train bench`,
-    whose eager rows come first) cuBLAS keeps its default there."""
+    first GEMM (a value the caller set is kept; `gr00t-train train` and `bench`, for its last row, set it
+    first thing). In a process that ran a GEMM before, cuBLAS keeps its default."""
     bucket_mib: float = 100.0
     """Gradient bucket size of our comm modes, in MiB of gradient buffer (fp32: 100 MiB = 26.2 M elements).
     Formerly `bucket_mb`, which configs and checkpoints may still use."""
