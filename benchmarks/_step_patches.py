@@ -7,6 +7,7 @@ from unittest import mock
 
 import _wgrad_stream_probe
 import torch
+import vla_overlap
 from torch.nn.attention import SDPBackend
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
@@ -26,6 +27,8 @@ PATCHES = {  # measured variants of a row, applied to the built Trainer
         t.model.optimizer.flat, "grad_norm", _torch_norm(t.model.optimizer.flat)
     ),
 }
+
+_WRITE_IN_PLACE = vla_overlap.OverlapDataParallel.write_weight_grads_in_place
 
 BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-no-reuse": lambda: mock.patch.object(
@@ -58,6 +61,13 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
     "ours-full-looped-reductions": lambda: mock.patch.object(
         torch, "compile", _with_options(**{"triton.multi_kernel": 0})
+    ),
+    # bias gradients written into their buffers by Inductor's fused row sums too (vla-overlap's opt-in
+    # `write_weight_grads_in_place(biases=True)`; not measured yet when added)
+    "ours-full-bias-in-place": lambda: mock.patch.object(
+        vla_overlap.OverlapDataParallel,
+        "write_weight_grads_in_place",
+        lambda self, biases=False: _WRITE_IN_PLACE(self, biases=True),
     ),
     # SigLIP2's q, k and v projections as three GEMMs (before the tenth pass)
     "ours-full-separate-qkv": lambda: mock.patch("gr00t_model._model.merge_qkv", lambda attn: False),
