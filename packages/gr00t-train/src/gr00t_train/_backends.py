@@ -63,7 +63,6 @@ class BackendSwitches:
             "cudnn_tf32": opts.tf32,
             "cudnn_benchmark": opts.cudnn_benchmark,
         }
-        self.zero_workspace = wants_zero_gemm_workspace(cfg)
         self.cfg = cfg
         self._saved: dict[str, bool] | None = None
         self._saved_workspace: int | None = None
@@ -72,7 +71,7 @@ class BackendSwitches:
         """Set the run's switches (remembering the caller's)."""
         if self._saved is None:
             self._saved = _read()
-            if self.zero_workspace and hasattr(torch.backends.cuda, "cublas_workspace_size"):
+            if wants_zero_gemm_workspace(self.cfg) and hasattr(torch.backends.cuda, "cublas_workspace_size"):
                 self._saved_workspace = torch.backends.cuda.cublas_workspace_size()
         _write(self.wanted)
         if self._saved_workspace is not None:

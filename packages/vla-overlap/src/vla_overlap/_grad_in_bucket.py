@@ -68,23 +68,19 @@ class _LinearGradInBucket(torch.autograd.Function):
         ctx.save_for_backward(x, weight, bucket_view, bias_view)
         ctx.accumulate = accumulate
         ctx.has_bias = bias is not None
-        ctx.bias_shape = None if bias is None else bias.shape
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight, bucket_view, bias_view = ctx.saved_tensors
         grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
         torch.ops.vla_overlap.weight_grad_into(bucket_view, grad_out, x, ctx.accumulate)
-        grad_bias = None
-        if bias_view is not None:  # the same sum autograd computes for F.linear's bias, into the buffer
-            total = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+        grad_bias = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) if ctx.has_bias else None
+        if bias_view is not None:  # routed: the sum goes into the buffer, AccumulateGrad gets a placeholder
             if ctx.accumulate:
-                bias_view.add_(total)
+                bias_view.add_(grad_bias)
             else:
-                bias_view.copy_(total)
-            grad_bias = grad_out.new_empty(ctx.bias_shape, dtype=bias_view.dtype)  # a placeholder, as below
-        elif ctx.has_bias:
-            grad_bias = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+                bias_view.copy_(grad_bias)
+            grad_bias = torch.empty_like(grad_bias)
         # The placeholder makes AccumulateGrad run, so the weight's post-accumulate hook fires.
         return grad_x, torch.empty_like(weight), grad_bias, None, None, None
 
