@@ -81,6 +81,11 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
             SDPBackend.MATH,
         ],
     ),
+    # the DiT's dropout drawn inside its compiled blocks by Inductor's Philox code, one number per element,
+    # instead of one Bernoulli draw of every block's keep-masks (before the eleventh pass)
+    "ours-full-inductor-dropout": lambda: mock.patch(
+        "gr00t_model._dit.AlternateVLDiT.keep_masks", lambda self, tokens: None
+    ),
     # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
     "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)

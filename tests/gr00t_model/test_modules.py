@@ -181,8 +181,11 @@ def test_category_specific_linear_picks_each_rows_slot() -> None:
         torch.testing.assert_close(got[i], x[i] @ layer.W[s] + layer.b[s])
 
 
-def _reference_dit(dit: AlternateVLDiT, tokens, context, buckets, text_mask, image_mask, period: int):
-    """The spec's DiT, written out with explicit softmax attention and -inf masks (eval mode)."""
+def _reference_dit(
+    dit: AlternateVLDiT, tokens, context, buckets, text_mask, image_mask, period: int, keeps=None, p=0.0
+):
+    """The spec's DiT, written out with explicit softmax attention and -inf masks; with `keeps` (each block's
+    keep-masks, [blocks, 3 + ff_mult token sizes]) dropout at the release's four places, scaled by 1/(1-p)."""
 
     def attend(attn, x, source, mask):
         q, k, v = attn.to_q(x), attn.to_k(source), attn.to_v(source)
@@ -200,17 +203,26 @@ def _reference_dit(dit: AlternateVLDiT, tokens, context, buckets, text_mask, ima
     def norm(x, eps):
         return F.layer_norm(x, x.shape[-1:], eps=eps)
 
+    def drop(x, keep):
+        return x if keep is None else x * keep.view(x.shape) / (1 - p)
+
     temb = dit.timestep_encoder(buckets)
     x = tokens
     for i, block in enumerate(dit.transformer_blocks):
+        n = (
+            x.numel()
+        )  # each block's row: attention output, final_dropout, feed-forward inner and output masks
+        masks = [None] * 4 if keeps is None else keeps[i].split([n, n, keeps.shape[1] - 3 * n, n])
         scale, shift = block.norm1.linear(F.silu(temb)).chunk(2, dim=1)
         h = norm(x, 1e-5) * (1 + scale[:, None]) + shift[:, None]
         if i % 2:
-            x = x + attend(block.attn1, h, h, None)
+            a = attend(block.attn1, h, h, None)
         else:
-            x = x + attend(block.attn1, h, context, text_mask if i % period == 0 else image_mask)
+            a = attend(block.attn1, h, context, text_mask if i % period == 0 else image_mask)
+        x = x + drop(drop(a, masks[0]), masks[1])
         ff = block.ff.net
-        x = x + ff[2](F.gelu(ff[0].proj(norm(x, 1e-5)), approximate="tanh"))
+        u = drop(F.gelu(ff[0].proj(norm(x, 1e-5)), approximate="tanh"), masks[2])
+        x = x + drop(ff[2](u), masks[3])
     shift, scale = dit.proj_out_1(F.silu(temb)).chunk(2, dim=1)
     return dit.proj_out_2(norm(x, 1e-6) * (1 + scale[:, None]) + shift[:, None])
 
@@ -226,6 +238,36 @@ def test_dit_matches_the_plain_reference_with_its_masks(fp32_tiny) -> None:
         got = dit(tokens, context, buckets, ~image & valid, image & valid)
         expected = _reference_dit(dit, tokens, context, buckets, ~image & valid, image & valid, 4)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_dit_dropout_applies_its_drawn_masks_where_the_release_drops(fp32_tiny) -> None:
+    config = fp32_tiny(dit_num_layers=4)
+    dit = AlternateVLDiT(config).train()
+    tokens, context = torch.randn(2, 5, 64), torch.randn(2, 7, 64)
+    text = torch.tensor([[1, 1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    buckets = torch.tensor([3, 998])
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(11)
+        got = dit(tokens, context, buckets, text, ~text)
+        torch.manual_seed(11)  # the same single draw the forward made first
+        keeps = dit.keep_masks(tokens)
+        expected = _reference_dit(dit, tokens, context, buckets, text, ~text, 4, keeps, config.dit_dropout)
+    assert keeps.shape == (4, (3 + config.dit_ff_mult) * tokens.numel()) and keeps.dtype == torch.bool
+    # The same ops as the module on the same values, except the attention (softmax written out).
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, dit.eval()(tokens, context, buckets, text, ~text), atol=1e-3)
+
+
+def test_dit_keep_masks_keep_one_minus_p_and_none_without_dropout(fp32_tiny) -> None:
+    dit = AlternateVLDiT(fp32_tiny(dit_num_layers=2, dit_dropout=0.2)).train()
+    tokens = torch.empty(16, 51, 64)
+    with torch.random.fork_rng():
+        keeps = dit.keep_masks(tokens)
+    n = keeps.numel()
+    # Bernoulli(0.8) over n draws: the kept fraction is within 6 standard deviations of 0.8.
+    assert abs(keeps.float().mean().item() - 0.8) < 6 * math.sqrt(0.8 * 0.2 / n)
+    assert dit.eval().keep_masks(tokens) is None
+    assert AlternateVLDiT(fp32_tiny(dit_num_layers=2, dit_dropout=0.0)).train().keep_masks(tokens) is None
 
 
 def test_dit_block_kinds_and_what_each_cross_block_sees(fp32_tiny) -> None:
