@@ -8,6 +8,7 @@ from unittest import mock
 import _wgrad_stream_probe
 import torch
 import vla_overlap
+from gr00t_model._frozen_linear import merge_qkv
 from torch.nn.attention import SDPBackend
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
@@ -86,6 +87,19 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-inductor-dropout": lambda: mock.patch(
         "gr00t_model._dit.AlternateVLDiT.keep_masks", lambda self, tokens: None
     ),
+    # the keep-masks drawn by torch's bernoulli_ instead of gr00t-model's Triton kernel
+    "ours-full-bernoulli-masks": lambda: mock.patch("gr00t_model._keep_mask._kernel", lambda: None),
+    # the frozen Qwen3 layers' q/k/v and gate/up projections as separate GEMMs (before the eleventh pass)
+    "ours-full-separate-qwen3-projections": lambda: mock.patch.multiple(
+        "gr00t_model._model",
+        merge_gate_up=lambda mlp: False,
+        merge_qkv=lambda attn: type(attn).__name__ != "Qwen3Attention" and merge_qkv(attn),
+    ),
+    # each Qwen3 layer's block-final residual add as a pass of its own, outside the compiled blocks (before the
+    # eleventh pass it ended each compiled block, also a pass of its own)
+    "ours-full-qwen3-adds-apart": lambda: mock.patch(
+        "gr00t_model._language.LanguageModel.run_layers", _qwen3_adds_apart
+    ),
     # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
     "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
@@ -93,6 +107,20 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
     ),
 }
+
+
+def _qwen3_adds_apart(self, hidden, valid, start, stop):
+    from gr00t_model._language import causal_padding_mask, rotary_tables
+
+    if start >= stop:
+        return hidden
+    dtype = self.embed_tokens.weight.dtype
+    cos, sin = rotary_tables(hidden.shape[1], self.head_dim, self.rope_theta, hidden.device, dtype)
+    mask = causal_padding_mask(valid)
+    for layer in self.layers[start:stop]:
+        hidden, pending = layer(hidden, None, mask, (cos, sin))
+        hidden = hidden + pending
+    return hidden
 
 
 def _unaligned_blocks(flat) -> None:

@@ -184,3 +184,34 @@ def test_dit_self_attention_on_the_efficient_kernel_is_as_close_to_fp64_as_sdpas
         error, baseline = (mine - ref).abs().max() / scale, (sdpa - ref).abs().max() / scale
         # bf16 rounding sets both errors (a few 2^-8); kernels differ only in summation order
         assert error <= 2 * baseline + 2**-10, (error, baseline)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.9])  # 0.9: a threshold above 2^31
+def test_keep_masks_follow_the_seed_keep_one_minus_p_and_change_with_each_graph_replay(p: float) -> None:
+    import math
+
+    from gr00t_model._keep_mask import draw_keep_mask
+    from gr00t_model._keep_mask_kernel import QUARTER
+
+    size = (32, 999_999)  # not a multiple of a program's span
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+        torch.manual_seed(5)
+        a = draw_keep_mask(size, p, "cuda")
+        torch.manual_seed(5)
+        b = draw_keep_mask(size, p, "cuda")
+        n = a.numel()
+        sigma = math.sqrt(p * (1 - p) / n)
+        assert torch.equal(a, b) and abs(a.float().mean().item() - (1 - p)) < 6 * sigma
+        # The four numbers of one Philox call land a quarter span apart: they must be independent draws.
+        flat = a.view(-1)[: n - n % (4 * QUARTER)].view(-1, 4, QUARTER).float()
+        both = (flat[:, 0] * flat[:, 1]).mean().item()
+        assert abs(both - (1 - p) ** 2) < 6 * math.sqrt(4 / n)
+        graph, static = torch.cuda.CUDAGraph(), None
+        draw_keep_mask(size, p, "cuda")  # warm up (Triton compiles) outside the capture
+        with torch.cuda.graph(graph):
+            static = draw_keep_mask(size, p, "cuda")
+        graph.replay()
+        first = static.clone()
+        graph.replay()
+        assert not torch.equal(first, static)  # each replay draws a new seed
+        assert abs(static.float().mean().item() - (1 - p)) < 6 * sigma

@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 from gr00t_model._action_head import CategorySpecificLinear, bucket_sinusoid
 from gr00t_model._dit import AlternateVLDiT, timestep_sinusoid
-from gr00t_model._language import LanguageModel, init_language_, qwen3_config
+from gr00t_model._frozen_linear import merge_gate_up, merge_qkv
+from gr00t_model._language import (
+    LanguageModel,
+    causal_padding_mask,
+    init_language_,
+    qwen3_config,
+    rotary_tables,
+)
 from gr00t_model._vision import VisionTower, connect, init_vision_, patchify, siglip2_config
 from torch import nn
 
@@ -77,7 +84,7 @@ def test_vision_layers_leave_their_last_residual_add_to_the_next_with_the_same_a
     assert torch.equal(got + pending, expected)  # the same adds in the same order: bitwise
 
 
-def test_a_model_with_its_vision_layers_pickles_whole(fp32_tiny) -> None:
+def test_a_model_with_its_own_layer_classes_pickles_whole(fp32_tiny) -> None:
     import io
 
     from gr00t_model import GR00TN16
@@ -89,6 +96,7 @@ def test_a_model_with_its_vision_layers_pickles_whole(fp32_tiny) -> None:
     loaded = torch.load(buffer, weights_only=False)
     layer = loaded.backbone.vision_model.encoder.layers[0]
     assert type(layer) is type(model.backbone.vision_model.encoder.layers[0])
+    assert type(loaded.backbone.language_model.layers[0]) is type(model.backbone.language_model.layers[0])
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
 
 
@@ -135,6 +143,53 @@ def test_language_model_matches_transformers_qwen3_with_left_padding(fp32_tiny) 
         expected = reference(inputs_embeds=embeds, attention_mask=valid.long()).last_hidden_state
     torch.testing.assert_close(got[valid], expected[valid], atol=2e-5, rtol=1e-5)
     assert torch.isfinite(got).all()
+
+
+def _plain_qwen3_layers(ours: LanguageModel, config, dtype) -> list[nn.Module]:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    plain = [Qwen3DecoderLayer(qwen3_config(config), i).eval().to(dtype) for i in range(len(ours.layers))]
+    for reference, layer in zip(plain, ours.layers, strict=True):
+        reference.load_state_dict(layer.state_dict())
+    return plain
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_language_layers_compute_transformers_qwen3_layers_and_leave_their_last_add_to_the_next(
+    fp32_tiny, dtype
+) -> None:
+    config = fp32_tiny(llm_num_layers=3)
+    assert config.llm_num_heads > config.llm_num_kv_heads  # grouped queries: k and v are repeated
+    ours = LanguageModel(config).eval().to(dtype)
+    init_language_(ours)
+    plain = _plain_qwen3_layers(ours, config, dtype)
+    hidden = torch.randn(2, 9, config.llm_hidden_size, dtype=dtype)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, :3] = False
+    cos, sin = rotary_tables(9, config.llm_head_dim, config.llm_rope_theta, "cpu", dtype)
+    mask = causal_padding_mask(valid)
+    with torch.no_grad():
+        expected = hidden
+        for reference in plain:
+            out = reference(expected, attention_mask=mask, position_embeddings=(cos, sin))
+            expected = out[0] if isinstance(out, tuple) else out
+        got = ours.run_layers(hidden, valid, 0, 3)
+    assert torch.equal(got, expected)  # the same ops in the same order: bitwise
+
+
+def test_merged_frozen_qwen3_projections_compute_the_separate_ones(fp32_tiny) -> None:
+    config = fp32_tiny(llm_num_layers=2)
+    ours = LanguageModel(config).eval().requires_grad_(False)
+    init_language_(ours)
+    hidden, valid = torch.randn(2, 9, config.llm_hidden_size), torch.ones(2, 9, dtype=torch.bool)
+    with torch.no_grad():
+        separate = ours.run_layers(hidden, valid, 0, 2)
+        keys = list(ours.state_dict())
+        assert all(merge_qkv(layer.self_attn) and merge_gate_up(layer.mlp) for layer in ours.layers)
+        merged = ours.run_layers(hidden, valid, 0, 2)
+    assert list(ours.state_dict()) == keys
+    # The same dot products, each in one output column of a wider GEMM: fp32 summation order at most.
+    torch.testing.assert_close(merged, separate, atol=1e-5, rtol=1e-5)
 
 
 def test_language_model_output_does_not_depend_on_padding_side_or_amount(fp32_tiny) -> None:

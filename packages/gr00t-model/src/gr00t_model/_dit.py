@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ._config import GR00TConfig
+from ._keep_mask import draw_keep_mask
 
 # The self-attention blocks (51 tokens, head dim 48, no mask) run fastest on SDPA's memory-efficient kernel on
 # an H200: 0.031 ms forward + backward per block against 0.042 for cuDNN, SDPA's own pick there
@@ -25,8 +26,8 @@ SELF_ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 class Dropout(nn.Dropout):
     """nn.Dropout that can apply a keep-mask drawn elsewhere. In training, AlternateVLDiT draws every block's
-    masks in one Bernoulli kernel: compiled blocks otherwise draw one Philox number per element inside their
-    fused kernels, which took about 5x their bytes' time (1.6 ms per step at n1.6-3b on an H200)."""
+    masks in one kernel (`_keep_mask`): compiled blocks otherwise draw one Philox number per element inside
+    their fused kernels, which took about 5x their bytes' time (1.6 ms per step at n1.6-3b on an H200)."""
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         if keep is None or not self.training:
@@ -184,7 +185,7 @@ class AlternateVLDiT(nn.Module):
         if not (self.training and 0.0 < self.dropout < 1.0):
             return None
         size = (len(self.transformer_blocks), (3 + self.ff_mult) * tokens.numel())
-        return torch.empty(size, dtype=torch.bool, device=tokens.device).bernoulli_(1.0 - self.dropout)
+        return draw_keep_mask(size, self.dropout, tokens.device)
 
     def cross_key_values(self, context: torch.Tensor) -> list:
         """Per-block keys/values of the VL context (None for self-attention blocks), for multi-step inference."""

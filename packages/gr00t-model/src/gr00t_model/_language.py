@@ -1,16 +1,21 @@
 """The Qwen3 text decoder, truncated: token embeddings, the first N decoder layers, final RMSNorm, no LM head.
 
-Layers are transformers' `Qwen3DecoderLayer` (SDPA attention); the loop, the rotary tables and the mask are
-ours, built from tensor ops only (no host reads), so a step can be captured in a CUDA graph.
+Layers are transformers' `Qwen3DecoderLayer` with our forward (`language_layer_class`, the same parameters and
+the same ops): it leaves the block-final residual add to the next layer, where it fuses with the first RMSNorm
+when blocks are compiled one at a time (as SigLIP2's layers do), and it computes q, k and v, and gate and up,
+in one GEMM each where `prepare_frozen_prefix` merged a frozen layer's projections. The loop, the rotary tables
+and the mask are ours, built from tensor ops only (no host reads), so a step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._config import GR00TConfig
-from ._vision import _first
 
 
 def qwen3_config(config: GR00TConfig):
@@ -69,13 +74,13 @@ class LanguageModel(nn.Module):
 
     def __init__(self, config: GR00TConfig) -> None:
         super().__init__()
-        from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
         hf = qwen3_config(config)
         self.head_dim = config.llm_head_dim
         self.rope_theta = config.llm_rope_theta
         self.embed_tokens = nn.Embedding(config.vocab_size, config.llm_hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(hf, i) for i in range(config.llm_num_layers))
+        self.layers = nn.ModuleList(language_layer_class()(hf, i) for i in range(config.llm_num_layers))
         self.norm = Qwen3RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
 
     def forward(self, inputs_embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -94,9 +99,80 @@ class LanguageModel(nn.Module):
         dtype = self.embed_tokens.weight.dtype  # the embeddings' dtype, wherever the run starts
         cos, sin = rotary_tables(hidden.shape[1], self.head_dim, self.rope_theta, hidden.device, dtype)
         mask = causal_padding_mask(valid)
+        pending = None
         for layer in self.layers[start:stop]:
-            hidden = _first(layer(hidden, attention_mask=mask, position_embeddings=(cos, sin)))
-        return hidden
+            hidden, pending = layer(hidden, pending, mask, (cos, sin))
+        return hidden + pending
+
+
+@functools.cache
+def language_layer_class() -> type[nn.Module]:
+    """`Qwen3DecoderLayer` with our forward (transformers is imported on first use, as everywhere in this
+    package): the same parameters, names and ops, in SDPA's form."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    class LanguageLayer(Qwen3DecoderLayer):
+        def forward(self, hidden, pending=None, attention_mask=None, position_embeddings=None):
+            """(residual stream, the previous layer's MLP output or None, [B, 1, S, S] bool mask, (cos, sin))
+            -> (the stream after this layer's attention, this layer's MLP output): the stream after the layer
+            is their sum, the same adds in the same order as transformers' layer."""
+            if pending is not None:
+                hidden = hidden + pending
+            normed = self.input_layernorm(hidden)
+            hidden = hidden + attention(self.self_attn, normed, attention_mask, *position_embeddings)
+            return hidden, mlp(self.mlp, self.post_attention_layernorm(hidden))
+
+    # Found again by name (module __getattr__ below), so whole models still pickle.
+    LanguageLayer.__module__, LanguageLayer.__qualname__ = __name__, "LanguageLayer"
+    return LanguageLayer
+
+
+def attention(attn: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, cos, sin) -> torch.Tensor:
+    """transformers' Qwen3Attention with SDPA (no cache, no dropout): q/k RMSNorm per head, half-split RoPE,
+    k and v repeated to every query head (as transformers does under a mask), then the output projection.
+    q, k and v come from one GEMM where the layer has a merged `qkv` (frozen layers)."""
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    if hasattr(attn, "qkv"):
+        widths = [layer.out_features for layer in attn.qkv.sources]
+        q, k, v = attn.qkv(x).split(widths, dim=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    q = _rotate(attn.q_norm(q.view(shape)).transpose(1, 2), cos, sin)
+    k = _rotate(attn.k_norm(k.view(shape)).transpose(1, 2), cos, sin)
+    v = v.view(shape).transpose(1, 2)
+    k, v = _repeat_heads(k, attn.num_key_value_groups), _repeat_heads(v, attn.num_key_value_groups)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+    return attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' Qwen3MLP, with gate and up from one GEMM where it has a merged `gate_up`."""
+    if hasattr(module, "gate_up"):
+        gate, up = module.gate_up(x).chunk(2, dim=-1)
+    else:
+        gate, up = module.gate_proj(x), module.up_proj(x)
+    return module.down_proj(module.act_fn(gate) * up)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split RoPE on [B, H, S, D] with cos/sin [B or 1, S, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, KV, S, D] -> [B, KV * groups, S, D], each kv head repeated for its group of query heads."""
+    if groups == 1:
+        return x
+    b, heads, s, d = x.shape
+    return x[:, :, None].expand(b, heads, groups, s, d).reshape(b, heads * groups, s, d)
+
+
+def __getattr__(name: str):
+    if name == "LanguageLayer":
+        return language_layer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def init_language_(model: LanguageModel) -> None:
