@@ -8,7 +8,6 @@ from unittest import mock
 import _wgrad_stream_probe
 import torch
 import vla_overlap
-from gr00t_model._frozen_linear import merge_qkv
 from torch.nn.attention import SDPBackend
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
@@ -89,12 +88,6 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     ),
     # the keep-masks drawn by torch's bernoulli_ instead of gr00t-model's Triton kernel
     "ours-full-bernoulli-masks": lambda: mock.patch("gr00t_model._keep_mask._kernel", lambda: None),
-    # the frozen Qwen3 layers' q/k/v and gate/up projections as separate GEMMs (before the eleventh pass)
-    "ours-full-separate-qwen3-projections": lambda: mock.patch.multiple(
-        "gr00t_model._model",
-        merge_gate_up=lambda mlp: False,
-        merge_qkv=lambda attn: type(attn).__name__ != "Qwen3Attention" and merge_qkv(attn),
-    ),
     # each Qwen3 layer's block-final residual add as a pass of its own, outside the compiled blocks (before the
     # eleventh pass it ended each compiled block, also a pass of its own)
     "ours-full-qwen3-adds-apart": lambda: mock.patch(

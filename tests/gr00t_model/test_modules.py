@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from gr00t_model._action_head import CategorySpecificLinear, bucket_sinusoid
 from gr00t_model._dit import AlternateVLDiT, timestep_sinusoid
-from gr00t_model._frozen_linear import merge_gate_up, merge_qkv
 from gr00t_model._language import (
     LanguageModel,
     causal_padding_mask,
@@ -175,21 +174,6 @@ def test_language_layers_compute_transformers_qwen3_layers_and_leave_their_last_
             expected = out[0] if isinstance(out, tuple) else out
         got = ours.run_layers(hidden, valid, 0, 3)
     assert torch.equal(got, expected)  # the same ops in the same order: bitwise
-
-
-def test_merged_frozen_qwen3_projections_compute_the_separate_ones(fp32_tiny) -> None:
-    config = fp32_tiny(llm_num_layers=2)
-    ours = LanguageModel(config).eval().requires_grad_(False)
-    init_language_(ours)
-    hidden, valid = torch.randn(2, 9, config.llm_hidden_size), torch.ones(2, 9, dtype=torch.bool)
-    with torch.no_grad():
-        separate = ours.run_layers(hidden, valid, 0, 2)
-        keys = list(ours.state_dict())
-        assert all(merge_qkv(layer.self_attn) and merge_gate_up(layer.mlp) for layer in ours.layers)
-        merged = ours.run_layers(hidden, valid, 0, 2)
-    assert list(ours.state_dict()) == keys
-    # The same dot products, each in one output column of a wider GEMM: fp32 summation order at most.
-    torch.testing.assert_close(merged, separate, atol=1e-5, rtol=1e-5)
 
 
 def test_language_model_output_does_not_depend_on_padding_side_or_amount(fp32_tiny) -> None:

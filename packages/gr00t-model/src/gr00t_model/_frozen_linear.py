@@ -257,22 +257,14 @@ class MergedFrozenLinear(nn.Module):
         return F.linear(x, self.prepared_weight, self.prepared_bias)
 
 
-def merge_linears(module: nn.Module, names: tuple[str, ...], into: str) -> bool:
-    """Give `module`, whose frozen nn.Linears `names` read the same input, a MergedFrozenLinear `into` over them
-    (its forward is then the caller's to route: _vision.VisionLayer, _language.attention and mlp). False,
-    unchanged, when any of them trains or is no plain nn.Linear, or `into` exists."""
-    layers = [getattr(module, name, None) for name in names]
-    if hasattr(module, into) or not all(layer is not None and is_frozen_linear(layer) for layer in layers):
-        return False
-    setattr(module, into, MergedFrozenLinear(layers))
-    return True
-
-
 def merge_qkv(attention: nn.Module) -> bool:
-    """A frozen attention's q_proj, k_proj and v_proj as one GEMM, `qkv` (see merge_linears)."""
-    return merge_linears(attention, ("q_proj", "k_proj", "v_proj"), "qkv")
-
-
-def merge_gate_up(mlp: nn.Module) -> bool:
-    """A frozen gated MLP's gate_proj and up_proj as one GEMM, `gate_up` (see merge_linears)."""
-    return merge_linears(mlp, ("gate_proj", "up_proj"), "gate_up")
+    """Give a frozen attention module with q_proj, k_proj and v_proj a `qkv` MergedFrozenLinear over them (its
+    forward is then the caller's to route; see _vision.VisionLayer). False, unchanged, when any of them trains
+    or is no plain nn.Linear, or it already has one."""
+    layers = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if hasattr(attention, "qkv") or not all(
+        layer is not None and is_frozen_linear(layer) for layer in layers
+    ):
+        return False
+    attention.qkv = MergedFrozenLinear(layers)
+    return True

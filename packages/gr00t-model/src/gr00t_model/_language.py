@@ -2,9 +2,10 @@
 
 Layers are transformers' `Qwen3DecoderLayer` with our forward (`language_layer_class`, the same parameters and
 the same ops): it leaves the block-final residual add to the next layer, where it fuses with the first RMSNorm
-when blocks are compiled one at a time (as SigLIP2's layers do), and it computes q, k and v, and gate and up,
-in one GEMM each where `prepare_frozen_prefix` merged a frozen layer's projections. The loop, the rotary tables
-and the mask are ours, built from tensor ops only (no host reads), so a step can be captured in a CUDA graph.
+when blocks are compiled one at a time (as SigLIP2's layers do). Merging a frozen layer's q/k/v and gate/up
+projections into one GEMM each was tried and was slower on an H200 (BENCHMARKS.md, eleventh pass). The loop,
+the rotary tables and the mask are ours, built from tensor ops only (no host reads), so a step can be captured
+in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -129,29 +130,19 @@ def language_layer_class() -> type[nn.Module]:
 
 def attention(attn: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, cos, sin) -> torch.Tensor:
     """transformers' Qwen3Attention with SDPA (no cache, no dropout): q/k RMSNorm per head, half-split RoPE,
-    k and v repeated to every query head (as transformers does under a mask), then the output projection.
-    q, k and v come from one GEMM where the layer has a merged `qkv` (frozen layers)."""
+    k and v repeated to every query head (as transformers does under a mask), then the output projection."""
     shape = (*x.shape[:-1], -1, attn.head_dim)
-    if hasattr(attn, "qkv"):
-        widths = [layer.out_features for layer in attn.qkv.sources]
-        q, k, v = attn.qkv(x).split(widths, dim=-1)
-    else:
-        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    q = _rotate(attn.q_norm(q.view(shape)).transpose(1, 2), cos, sin)
-    k = _rotate(attn.k_norm(k.view(shape)).transpose(1, 2), cos, sin)
-    v = v.view(shape).transpose(1, 2)
+    q = _rotate(attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2), cos, sin)
+    k = _rotate(attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2), cos, sin)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
     k, v = _repeat_heads(k, attn.num_key_value_groups), _repeat_heads(v, attn.num_key_value_groups)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
     return attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
 
 def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' Qwen3MLP, with gate and up from one GEMM where it has a merged `gate_up`."""
-    if hasattr(module, "gate_up"):
-        gate, up = module.gate_up(x).chunk(2, dim=-1)
-    else:
-        gate, up = module.gate_proj(x), module.up_proj(x)
-    return module.down_proj(module.act_fn(gate) * up)
+    """transformers' Qwen3MLP."""
+    return module.down_proj(module.act_fn(module.gate_proj(x)) * module.up_proj(x))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

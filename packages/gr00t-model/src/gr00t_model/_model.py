@@ -12,7 +12,7 @@ from torch import nn
 from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
-from ._frozen_linear import gelu_into_gemm, merge_gate_up, merge_qkv, pad_mlp, use_fp8
+from ._frozen_linear import gelu_into_gemm, merge_qkv, pad_mlp, use_fp8
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
 
@@ -104,8 +104,7 @@ class GR00TN16(nn.Module):
         """Prepare the frozen weights of the vision side once for faster GEMMs (`_frozen_linear`): each frozen
         SigLIP2 MLP padded from 4304 to 4352 wide (the same result; compiled, the down-projection then
         takes cuBLAS's fused-bias kernel) with its GELU computed in the up-projection's GEMM epilogue, each
-        frozen SigLIP2 or Qwen3 attention's q, k and v projections computed as one GEMM, and each frozen Qwen3
-        MLP's gate and up projections (not with `fp8`), and
+        frozen SigLIP2 attention's q, k and v projections computed as one GEMM (not with `fp8`), and
         with `fp8` the frozen prefix's linear layers (SigLIP2 encoder, connector, frozen Qwen3 layers) in FP8
         with rowwise scales. FP8 changes the numerics and applies only
         when nothing before the first trainable weight needs gradients (the vision side frozen). Call before
@@ -114,19 +113,11 @@ class GR00TN16(nn.Module):
         layers = backbone.vision_model.encoder.layers
         padded = sum(pad_mlp(layer.mlp) for layer in layers)
         gelu_in_gemm = sum(gelu_into_gemm(layer.mlp) for layer in layers)
-        depth = backbone.frozen_depth()
-        language = backbone.language_model.layers
-        # One GEMM for a frozen layer's q, k and v (and for a frozen Qwen3 layer's gate and up); FP8 keeps
-        # separate FP8 GEMMs instead (and drops an earlier call's merges).
-        for module, into in [(layer.self_attn, "qkv") for layer in [*layers, *language]] + [
-            (layer.mlp, "gate_up") for layer in language
-        ]:
-            if fp8 and hasattr(module, into):
-                delattr(module, into)
+        # One GEMM for q, k and v; FP8 keeps three FP8 GEMMs instead (and drops an earlier call's merge).
+        for attn in (layer.self_attn for layer in layers if fp8 and hasattr(layer.self_attn, "qkv")):
+            del attn.qkv
         merged = 0 if fp8 else sum(merge_qkv(layer.self_attn) for layer in layers)
-        merged_language = (
-            0 if fp8 else sum(merge_qkv(layer.self_attn) + merge_gate_up(layer.mlp) for layer in language)
-        )
+        depth = backbone.frozen_depth()
         quantized = 0
         if fp8 and depth is not None:
             # Not SigLIP2's down-projection: quantizing its 4352-wide input row by row costs more (5.0 ms per
@@ -138,7 +129,6 @@ class GR00TN16(nn.Module):
             "padded_mlps": padded,
             "gelu_in_gemm": gelu_in_gemm,
             "merged_qkv": merged,
-            "merged_language_projections": merged_language,
             "fp8_linears": quantized,
         }
 

@@ -84,8 +84,7 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
 
 def _prepare_frozen(cfg: TrainConfig, model: GR00TN16, device: torch.device) -> GR00TN16:
     """On CUDA, the frozen SigLIP2 MLPs padded to a GEMM-friendly width (the same result) with their GELU in
-    the GEMM's epilogue, their q/k/v projections in one GEMM, and the frozen Qwen3 layers' q/k/v and gate/up
-    projections in one GEMM each; with optimizations.fp8_frozen, the frozen prefix's linear layers in FP8
+    the GEMM's epilogue, and their q/k/v projections in one GEMM; with optimizations.fp8_frozen, the frozen prefix's linear layers in FP8
     (GR00TN16.prepare_frozen_prefix)."""
     fp8 = cfg.optimizations.fp8_frozen
     if device.type != "cuda" and not fp8:
@@ -99,11 +98,10 @@ def _prepare_frozen(cfg: TrainConfig, model: GR00TN16, device: torch.device) -> 
         )
     log.info(
         "frozen prefix: %d SigLIP2 MLPs padded, %d with GELU in the GEMM, %d attentions with one q/k/v GEMM, "
-        "%d Qwen3 projection groups in one GEMM (q/k/v, gate/up), %d linear layers in FP8",
+        "%d linear layers in FP8",
         done["padded_mlps"],
         done["gelu_in_gemm"],
         done["merged_qkv"],
-        done["merged_language_projections"],
         done["fp8_linears"],
     )
     return model
