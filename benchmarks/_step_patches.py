@@ -7,7 +7,6 @@ from unittest import mock
 
 import _wgrad_stream_probe
 import torch
-import vla_overlap
 from torch.nn.attention import SDPBackend
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
@@ -27,8 +26,6 @@ PATCHES = {  # measured variants of a row, applied to the built Trainer
         t.model.optimizer.flat, "grad_norm", _torch_norm(t.model.optimizer.flat)
     ),
 }
-
-_WRITE_IN_PLACE = vla_overlap.OverlapDataParallel.write_weight_grads_in_place
 
 BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-no-reuse": lambda: mock.patch.object(
@@ -57,17 +54,15 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         "compile",
         _with_options(blocks=("VisionLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
     ),
+    # Inductor autotunes the DiT blocks' GEMMs only (Triton templates against cuBLAS): at M = 816 cuBLAS picks
+    # 128x80 tiles for N = 1536, 140 tiles on 132 SMs, so a second wave of 8 (eleventh pass)
+    "ours-full-autotune-dit": lambda: mock.patch.object(
+        torch, "compile", _with_options(blocks=("TransformerBlock",), max_autotune_gemm=True)
+    ),
     # Inductor's default reductions: no persistent variant past 1024 elements per row (before the seventh pass,
     # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
     "ours-full-looped-reductions": lambda: mock.patch.object(
         torch, "compile", _with_options(**{"triton.multi_kernel": 0})
-    ),
-    # bias gradients written into their buffers by Inductor's fused row sums too (vla-overlap's opt-in
-    # `write_weight_grads_in_place(biases=True)`; not measured yet when added)
-    "ours-full-bias-in-place": lambda: mock.patch.object(
-        vla_overlap.OverlapDataParallel,
-        "write_weight_grads_in_place",
-        lambda self, biases=False: _WRITE_IN_PLACE(self, biases=True),
     ),
     # SigLIP2's q, k and v projections as three GEMMs (before the tenth pass)
     "ours-full-separate-qkv": lambda: mock.patch("gr00t_model._model.merge_qkv", lambda attn: False),

@@ -1,5 +1,4 @@
-"""GR00T's weight gradients written into vla-overlap's buffers by their own GEMMs (and, opted in, bias
-gradients by their row sums) equal the copied ones.
+"""GR00T's weight gradients written into vla-overlap's buffers by their own GEMMs equal the copied ones.
 
 The case the trainer routes (optimizations.weight_grads_in_place): bf16 weights under bf16 autocast, buffers
 in the weights' dtype, one backward per step. The same GEMMs on the same layouts, so bitwise on a CPU; this
@@ -9,15 +8,13 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 import vla_overlap
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 from torch import nn
 
 
-@pytest.mark.parametrize("biases", [False, True])
-def test_gr00t_weight_gradients_in_place_equal_the_copied_ones(env, biases: bool) -> None:
+def test_gr00t_weight_gradients_in_place_equal_the_copied_ones(env) -> None:
     config = GR00TConfig.preset(
         "tiny", frozen_dtype="bfloat16", trainable_dtype="bfloat16", compute_dtype="bfloat16"
     )
@@ -33,13 +30,7 @@ def test_gr00t_weight_gradients_in_place_equal_the_copied_ones(env, biases: bool
             copy.deepcopy(model), vla_overlap.OverlapConfig(grad_reduce_dtype=None)
         )
         if in_place:
-            routed.append(wrapped.write_weight_grads_in_place(biases=biases))
-            layers = [m for m in wrapped.module.modules() if type(m) is nn.Linear]
-            with_bias = sum(m.bias is not None and m.bias.requires_grad for m in layers)
-            assert sum(getattr(m, "_grad_bias_view", None) is not None for m in layers) == (
-                with_bias if biases else 0
-            )
-            assert with_bias > 20
+            routed.append(wrapped.write_weight_grads_in_place())
         wrapped.zero_grad_buffer()
         with torch.random.fork_rng():  # the same dropout draws in both runs
             torch.manual_seed(5)

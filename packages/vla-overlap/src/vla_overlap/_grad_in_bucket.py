@@ -1,5 +1,4 @@
-"""Linear layers whose weight-gradient GEMM writes straight into the parameter's gradient buffer (and, if
-asked, whose bias gradient is summed straight into the bias's, where it has one of its dtype).
+"""Linear layers whose weight-gradient GEMM writes straight into the parameter's gradient buffer.
 
 Without this, autograd computes each weight gradient into a fresh tensor and the post-accumulate hook copies
 it into the bucket: one extra pass over every weight gradient per step (2.5 ms for 1.6 B bf16 parameters on an
@@ -7,21 +6,13 @@ H200). Here the backward's GEMM takes the bucket view as its output. The weight 
 an uninitialized `empty_like` placeholder (an allocation, no kernel), so AccumulateGrad runs and the
 parameter's hook fires as before; the hook drops it without reading it.
 
-Biases (opt-in, `biases=True`; not yet measured on a GPU): a bias gradient is small, but its copy is a launch
-per layer (232 per step for n1.6-3b, 0.65 ms with their gaps in a CUDA graph on an H200). Routed, the backward
-writes the row sum into the buffer with a plain `copy_` (`add_` when accumulating): compiled, AOTAutograd
-keeps that write into the saved view and Inductor fuses it into the reduction kernel that computes the sum,
-so no launch is added (seen in the generated code on a CPU). A custom op calling aten's sum instead cost
-4.7 ms per step on an H200: aten's reduction over the rows of a [816, N] bf16 tensor takes 18.5 us.
-
 A custom op carries the write, not `mm(out=...)` in the backward: under torch.compile, AOTAutograd
 functionalizes a plain out= write into a GEMM into a temporary plus a copy, which is the pass this removes,
 while a custom op that declares its mutation is re-inplaced by Inductor onto the buffer itself.
 
 Contract (`OverlapDataParallel.write_weight_grads_in_place`; call it before the first forward, before
-torch.compile traces): the weight (and a routed bias) is read only by its own Linear, once per backward (no
-tied weights, no second call), and its `.grad` is None when backward starts. Weights or biases held by two
-Linears are not routed. With
+torch.compile traces): the weight is read only by its own Linear, once per backward (no tied weights, no
+second call), and its `.grad` is None when backward starts. Weights held by two Linears are not routed. With
 `overwrite_first_grad` (buffers not zeroed at a step's start) the GEMM writes, so a step holds one backward
 and a second gradient raises; without it, the GEMM adds into the zeroed buffer (microbatches accumulate).
 """
@@ -59,30 +50,24 @@ def _(out: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, accumulate: bo
 
 class _LinearGradInBucket(torch.autograd.Function):
     @staticmethod
-    def forward(x, weight, bias, bucket_view, bias_view, accumulate):
+    def forward(x, weight, bias, bucket_view, accumulate):
         return F.linear(x, weight, bias)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, weight, bias, bucket_view, bias_view, accumulate = inputs
-        ctx.save_for_backward(x, weight, bucket_view, bias_view)
+        x, weight, bias, bucket_view, accumulate = inputs
+        ctx.save_for_backward(x, weight, bucket_view)
         ctx.accumulate = accumulate
         ctx.has_bias = bias is not None
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, bucket_view, bias_view = ctx.saved_tensors
+        x, weight, bucket_view = ctx.saved_tensors
         grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
         torch.ops.vla_overlap.weight_grad_into(bucket_view, grad_out, x, ctx.accumulate)
         grad_bias = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) if ctx.has_bias else None
-        if bias_view is not None:  # routed: the sum goes into the buffer, AccumulateGrad gets a placeholder
-            if ctx.accumulate:
-                bias_view.add_(grad_bias)
-            else:
-                bias_view.copy_(grad_bias)
-            grad_bias = torch.empty_like(grad_bias)
         # The placeholder makes AccumulateGrad run, so the weight's post-accumulate hook fires.
-        return grad_x, torch.empty_like(weight), grad_bias, None, None, None
+        return grad_x, torch.empty_like(weight), grad_bias, None, None
 
 
 def own_view(buffer: torch.Tensor) -> torch.Tensor:
@@ -95,19 +80,14 @@ def own_view(buffer: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def route_weight_grad(
-    linear: nn.Linear, bucket_view: torch.Tensor, accumulate: bool, bias_view: torch.Tensor | None = None
-) -> None:
-    """Make `linear`'s weight-gradient GEMM write (accumulate=False) or add (True) into `bucket_view`, and
-    with `bias_view` its bias gradient into that."""
-    for view, param, name in ((bucket_view, linear.weight, "weight"), (bias_view, linear.bias, "bias")):
-        if view is not None and (param is None or view.shape != param.shape or view.dtype != param.dtype):
-            raise ValueError(
-                f"bucket view {tuple(view.shape)} {view.dtype} does not match the {name} "
-                f"{None if param is None else (tuple(param.shape), param.dtype)}"
-            )
+def route_weight_grad(linear: nn.Linear, bucket_view: torch.Tensor, accumulate: bool) -> None:
+    """Make `linear`'s weight-gradient GEMM write (accumulate=False) or add (True) into `bucket_view`."""
+    if bucket_view.shape != linear.weight.shape or bucket_view.dtype != linear.weight.dtype:
+        raise ValueError(
+            f"bucket view {tuple(bucket_view.shape)} {bucket_view.dtype} does not match the weight "
+            f"{tuple(linear.weight.shape)} {linear.weight.dtype}"
+        )
     linear._grad_bucket_view = own_view(bucket_view)
-    linear._grad_bias_view = None if bias_view is None else own_view(bias_view)
     linear._grad_accumulate = accumulate
     linear.forward = types.MethodType(_forward, linear)
 
@@ -115,7 +95,7 @@ def route_weight_grad(
 def unroute_weight_grad(linear: nn.Linear) -> None:
     """Undo route_weight_grad: the layer's plain forward again."""
     vars(linear).pop("forward", None)
-    for name in ("_grad_bucket_view", "_grad_bias_view", "_grad_accumulate"):
+    for name in ("_grad_bucket_view", "_grad_accumulate"):
         vars(linear).pop(name, None)
 
 
@@ -133,47 +113,22 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             f"a Linear routed to write its weight gradient into its bucket got its {self.weight.dtype} weight "
             f"cast to {weight.dtype} by autocast: route only weights stored in the compute dtype"
         )
-    if self._grad_bias_view is not None and bias is not self.bias:
-        raise RuntimeError(
-            f"a Linear routed to write its bias gradient into its bucket got its {self.bias.dtype} bias cast "
-            f"to {bias.dtype} by autocast: route only biases stored in the compute dtype"
-        )
-    return _LinearGradInBucket.apply(
-        x, weight, bias, self._grad_bucket_view, self._grad_bias_view, self._grad_accumulate
-    )
+    return _LinearGradInBucket.apply(x, weight, bias, self._grad_bucket_view, self._grad_accumulate)
 
 
-def route_linears(
-    module: nn.Module, targets: dict[int, torch.Tensor], accumulate: bool, biases: bool = False
-) -> list[nn.Linear]:
+def route_linears(module: nn.Module, targets: dict[int, torch.Tensor], accumulate: bool) -> list[nn.Linear]:
     """Route every nn.Linear of `module` whose weight has a target view (by the weight's id) of its own
-    dtype, and whose weight no other Linear holds; with `biases`, its bias too under the same conditions.
-    Returns the routed layers (`_grad_bias_view` None where the bias is not routed)."""
+    dtype, and whose weight no other Linear holds. Returns the routed layers."""
     linears = [m for m in module.modules() if type(m) is nn.Linear]
-    holders = Counter(id(p) for linear in linears for p in (linear.weight, linear.bias) if p is not None)
-
-    def target(param: torch.Tensor | None) -> torch.Tensor | None:
-        view = None if param is None else targets.get(id(param))
-        return view if view is not None and holders[id(param)] == 1 and view.dtype == param.dtype else None
-
+    holders = Counter(id(linear.weight) for linear in linears)
     routed = []
     for linear in linears:
-        weight_view = target(linear.weight)
-        if weight_view is not None:
-            bias_view = target(linear.bias) if biases else None
-            route_weight_grad(linear, weight_view, accumulate, bias_view=bias_view)
+        key = id(linear.weight)
+        target = targets.get(key)
+        if target is not None and holders[key] == 1 and target.dtype == linear.weight.dtype:
+            route_weight_grad(linear, target, accumulate)
             routed.append(linear)
     return routed
-
-
-def routed_params(routed: list[nn.Linear]) -> list[torch.Tensor]:
-    """The parameters whose gradients the routed Linears write themselves: weights, and routed biases."""
-    return [
-        p
-        for m in routed
-        for p in (m.weight, m.bias if m._grad_bias_view is not None else None)
-        if p is not None
-    ]
 
 
 def unroute_linears(routes: list[tuple[nn.Linear, torch.Tensor]]) -> None:

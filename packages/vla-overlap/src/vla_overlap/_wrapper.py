@@ -16,7 +16,7 @@ from ._broadcast import broadcast_module_states
 from ._comm import CommStream, Communicator
 from ._config import OverlapConfig
 from ._grad_buckets import GradBuckets, accumulate_into
-from ._grad_in_bucket import SECOND_GRADIENT, route_linears, routed_params, unroute_linears
+from ._grad_in_bucket import SECOND_GRADIENT, route_linears, unroute_linears
 from ._hooks import current_autograd_node, weak_call
 from ._layout import Layout, plan_layout
 from ._param_gather import ParamGather
@@ -165,12 +165,12 @@ class OverlapDataParallel(nn.Module):
         self._phase = _Phase.FINISHED
         self._expose_grads()
 
-    def write_weight_grads_in_place(self, biases: bool = False) -> int:
-        """While this wrapper lives, trainable Linears write their weight gradients (with `biases`, biases' too)
-        into buffers of their dtype, not for the hook to copy (`_grad_in_bucket`). Returns the Linears' count."""
+    def write_weight_grads_in_place(self) -> int:
+        """While this wrapper lives, each nn.Linear whose trainable weight has a buffer of its dtype writes its
+        weight gradient there, not for the hook to copy (contract: `_grad_in_bucket`). Returns the count."""
         targets = {id(p): g for p, g in zip(self._params, self._grads.main_grads)}
-        routed = route_linears(self.module, targets, not self.config.overwrite_first_grad, biases)
-        self._in_place = frozenset(self._slot_of[id(p)] for p in routed_params(routed))
+        routed = route_linears(self.module, targets, accumulate=not self.config.overwrite_first_grad)
+        self._in_place = frozenset(self._slot_of[id(linear.weight)] for linear in routed)
         weakref.finalize(self, unroute_linears, [(m, m._grad_bucket_view) for m in routed])  # then plain
         return len(routed)
 
