@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What a change owes the GPU, in one device call (device time is scarce: few, full calls).
 #
-#   tests   the whole GPU suite: `pytest tests -m gpu` (its pass line goes into BENCHMARKS.md with the date)
+#   tests   the whole GPU suite: `pytest tests -m gpu` (its pass line goes into BENCHMARKS.md with the date);
+#           it takes about 8 minutes, close to a device call's 10: `tests1` then `tests2` in two calls run the
+#           same tests in halves (integration, vla-overlap and gr00t-model GPU files; then every other file)
 #   ladder  one run of the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
 #   all     both (default), tests first
 #   speed   our full step (and with FP8 for the frozen prefix) side by side with torch.compile(mode=
@@ -32,6 +34,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt"
 status=0
 gpus=$(nvidia-smi --list-gpus | wc -l)
+half1="tests/integration/test_gpu.py tests/vla_overlap/test_gpu.py tests/gr00t_model/test_gpu.py
+  tests/gr00t_model/test_frozen_linear_gpu.py tests/gr00t_model/test_grouped_matmul_gpu.py"
 libero() {
   data=/tmp/libero
   [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
@@ -40,6 +44,17 @@ for what in "${@:-all}"; do
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest tests -m gpu -q -p no:cacheprovider > "$out/pytest_gpu.txt" 2>&1 || status=1
   tail -n 25 "$out/pytest_gpu.txt"
+fi
+if [ "$what" = tests1 ]; then
+  # shellcheck disable=SC2086  # the file list splits on purpose
+  python3 -m pytest -m gpu -q -p no:cacheprovider $half1 > "$out/pytest_gpu_part1.txt" 2>&1 || status=1
+  tail -n 5 "$out/pytest_gpu_part1.txt"
+fi
+if [ "$what" = tests2 ]; then
+  ignored=$(for f in $half1; do printf -- "--ignore=%s " "$f"; done)
+  # shellcheck disable=SC2086
+  python3 -m pytest tests -m gpu -q -p no:cacheprovider $ignored > "$out/pytest_gpu_part2.txt" 2>&1 || status=1
+  tail -n 5 "$out/pytest_gpu_part2.txt"
 fi
 if [ "$what" = ladder ] || [ "$what" = all ]; then
   libero
