@@ -54,8 +54,8 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         "compile",
         _with_options(blocks=("VisionLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
     ),
-    # Inductor autotunes the DiT blocks' GEMMs only (Triton templates against cuBLAS): at M = 816 cuBLAS picks
-    # 128x80 tiles for N = 1536, 140 tiles on 132 SMs, so a second wave of 8 (eleventh pass)
+    # Inductor autotunes the DiT blocks' GEMMs only (Triton templates against cuBLAS): cuBLAS runs the M = 816
+    # GEMMs below 70% of peak (eleventh pass: slower, and 5.4 minutes to start)
     "ours-full-autotune-dit": lambda: mock.patch.object(
         torch, "compile", _with_options(blocks=("TransformerBlock",), max_autotune_gemm=True)
     ),
