@@ -22,6 +22,7 @@ same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unalig
 GEMMs write them; `ours-full-gathered-embodiments` gathers each sample's per-embodiment matrices instead of the
 grouped GEMMs. `ours-full-one-embodiment` puts every sample in one embodiment slot (the update then skips the
 other slots' table rows), `-stepped` without that skip. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
+`ours-full-param-remainders` keeps the masters as bf16 weight + remainder (optimizations.param_remainders);
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
 
@@ -64,6 +65,8 @@ ROWS["ours-full-gathered-embodiments"] = [*ROWS["ours-full"], "optimizations.gro
 # every sample of the fixed batch in one embodiment slot, with and without the update skipping the other slots
 ROWS["ours-full-one-embodiment"] = ROWS["ours-full"]
 ROWS["ours-full-one-embodiment-stepped"] = [*ROWS["ours-full"], "optimizations.skip_untouched_rows=false"]
+# fp32 masters kept as bf16 weight + 16-bit remainder while stepping (26 instead of 28 bytes per parameter)
+ROWS["ours-full-param-remainders"] = [*ROWS["ours-full"], "optimizations.param_remainders=true"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]
 

@@ -91,6 +91,10 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
         ("lr", "must look like section.field=value"),
         ("logging.profile_steps=-1", "logging.profile_steps: must be >= 0"),
         (
+            "optimizations.param_remainders=true",  # default bf16_weights is off
+            "optimizations.param_remainders: keeps masters as bf16 weights plus remainders: needs bf16_weights",
+        ),
+        (
             "logging.profile_steps=20000",
             "logging.profile_steps: records steps 6-20005 (after logging.summary_skip)",
         ),

@@ -236,3 +236,44 @@ def idle_rows(ctx: Any) -> dict[str, Any]:
     except ValueError as err:
         out["wrong_record"] = str(err)
     return out
+
+
+# ------------------------------------------------------------------------------------------- remainders
+def remainders(ctx: Any, steps: int = 4) -> dict[str, Any]:
+    """The flat step with masters kept as bf16 parameter + 16-bit remainder vs plain fp32 masters (bf16
+    parameters, clipping, autocast); then a remainder run saved after two steps and resumed in a fresh one."""
+
+    def train(keep: bool, steps: range, state=None) -> dict[str, Any]:
+        module = bf16_model(mixed=True)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": "torch", "remainders": keep})
+        sched = make_scheduler(opt)
+        if state is not None:
+            module.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            sched.load_state_dict(state["sched"])
+        norms = run_steps(ctx, model, opt, sched, steps, 1, autocast=True, clip=0.05, dtype=torch.bfloat16)
+        saved = {"model": {k: v.clone() for k, v in module.state_dict().items()}, "optim": opt.state_dict(),
+                 "sched": sched.state_dict()}  # fmt: skip
+        kept = [flat for flat in opt.flat.buckets if flat["rem"] is not None]
+        return {
+            "params": params_of(module),
+            "norms": norms,
+            "masters": [m.clone() for m in opt.masters],  # decoded by state_dict()
+            "kept_buckets": len(kept),
+            # the bf16 parameters are always the round-to-nearest-even of the (decoded) masters
+            "params_round_masters": all(torch.equal(f["out"], f["master"].to(torch.bfloat16)) for f in kept),
+            "state": saved,
+        }
+
+    out = {"plain": train(False, range(steps)), "kept": train(True, range(steps))}
+    out["resumed"] = train(True, range(2, steps), state=train(True, range(2))["state"])
+    out["resumed"].pop("state")
+    out["plain"].pop("state")
+    out["kept"].pop("state")
+    try:
+        DistributedAdamW(OverlapDataParallel(bf16_model(mixed=True), OverlapConfig(), process_group=ctx.group),
+                         remainders=True)  # fmt: skip
+    except ValueError as err:
+        out["without_flat"] = str(err)
+    return out

@@ -265,6 +265,51 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(
                 assert torch.equal(flats[1]["master"][window], before[window]) == (row == 1)
 
 
+@pytest.mark.parametrize("with_idle", [False, True], ids=["all-stepped", "idle-blocks"])
+def test_flat_adamw_triton_kernel_with_remainders_steps_as_the_plain_kernel(with_idle: bool) -> None:
+    """DistributedAdamW(remainders=True)'s kernel path: the master read from and written as bf16 parameter +
+    16-bit remainder, against the plain kernel from the same state. The same arithmetic, so the moments are
+    bitwise equal and so are the parameters (the plain kernel's bf16 cast rounds to nearest even, as the
+    encoder does); the decoded masters equal the plain ones except at exact rounding ties, moved one ulp.
+    2^22 elements: about 64 ties among the outputs."""
+    from vla_overlap._flat_adamw import _triton_step, plan_blocks
+    from vla_overlap._remainders import decode, encode_
+
+    length = 1 << 22
+    runs = [(0, length // 2, 0), (length // 2, length, 1)]
+    blocks, align = plan_blocks(runs, length)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    base = {key: torch.randn(length, generator=g, device="cuda") * 0.05 for key in ("master", "exp_avg")}
+    base["grad"] = (torch.randn(length, generator=g, device="cuda") * 0.01).bfloat16()
+    base["exp_avg_sq"] = torch.rand(length, generator=g, device="cuda") * 1e-4
+    base["out"] = torch.empty(length, dtype=torch.bfloat16, device="cuda")
+    base["rem"] = torch.empty(length, dtype=torch.int16, device="cuda")
+    encode_(base["master"], base["out"], base["rem"])  # both start from the same (decodable) masters
+    idle = torch.arange(len(blocks), device="cuda") % 4 == 3 if with_idle else None
+    flats = [{key: value.clone() for key, value in base.items()} for _ in range(2)]
+    flats[0]["rem"] = None
+    for flat in flats:
+        flat["runs"], flat["blocks"], flat["align"] = runs, torch.tensor(blocks, device="cuda"), align
+        if idle is not None:
+            for (start, size, _), skip in zip(blocks, idle.tolist()):
+                if skip:
+                    for key in ("grad", "exp_avg", "exp_avg_sq"):
+                        flat[key][start : start + size] = 0
+    table = torch.tensor([[1 - 1e-4, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
+                          [1 - 1e-3, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
+    coef = torch.tensor(0.5, device="cuda")
+    for flat in flats:
+        _triton_step(flat, table, coef, idle)
+    plain, kept = flats
+    assert torch.equal(kept["master"], base["master"])  # not read or written with remainders
+    for key in ("exp_avg", "exp_avg_sq", "out"):
+        assert torch.equal(kept[key], plain[key]), key
+    bits = plain["master"].view(torch.int32)
+    ties = (bits & 0xFFFF) == 0x8000
+    moved = (decode(kept["out"], kept["rem"]).view(torch.int32).long() - bits.long()).abs()
+    assert int(ties.sum()) > 0 and bool((moved[ties] == 1).all()) and bool((moved[~ties] == 0).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sum_of_squares_kernel_matches_a_float64_sum(dtype: torch.dtype) -> None:
     """The clipping norm's kernel against the sum in float64, on sizes off its block: fp32 partial sums of

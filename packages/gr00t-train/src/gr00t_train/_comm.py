@@ -88,7 +88,11 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             routed = wrapped.write_weight_grads_in_place()
             log.info("weight gradients: %d linear layers write their gradient buffers directly", routed)
         if opts.comm == "zero1_overlap":
-            optimizer = vla_overlap.DistributedAdamW(wrapped, groups, **adamw, flat=_flat_kernel(opts, env))
+            flat = _flat_kernel(opts, env)
+            remainders = opts.param_remainders and flat is not None
+            optimizer = vla_overlap.DistributedAdamW(
+                wrapped, groups, **adamw, flat=flat, remainders=remainders
+            )
         else:
             optimizer = torch.optim.AdamW(groups, **adamw)
     overlapped = opts.comm != "allreduce_after_backward"

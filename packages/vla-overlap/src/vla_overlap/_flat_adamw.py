@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._remainders import decode, encode_
+
 if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
@@ -83,8 +85,9 @@ def flat_supported(opt: DistributedAdamW, kernel: str) -> str | None:
 class FlatAdamW:
     """The flat per-bucket AdamW step of a DistributedAdamW (see the module docstring)."""
 
-    def __init__(self, opt: DistributedAdamW, kernel: str) -> None:
+    def __init__(self, opt: DistributedAdamW, kernel: str, remainders: bool = False) -> None:
         self.opt, self.kernel = opt, kernel
+        self.masters_behind = False  # remainders: the steps since the masters were last decoded
         gather = opt._model._gather
         self.buckets = []
         for bucket, master in enumerate(opt.masters):
@@ -99,6 +102,13 @@ class FlatAdamW:
                     "exp_avg_sq": None,
                     # the bf16 parameters, written in the same pass (fp32 parameters are their own masters)
                     "out": None if shard.data_ptr() == master.data_ptr() else shard,
+                    # with remainders, the master's low 16 bits (_remainders): the step reads and writes
+                    # the bf16 parameter and these instead of the fp32 master
+                    "rem": (
+                        torch.zeros(master.numel(), dtype=torch.int16, device=master.device)
+                        if remainders and shard.dtype == torch.bfloat16
+                        else None
+                    ),
                     "runs": [],  # (start, end, row) in the shard, ascending
                     "blocks": torch.zeros((0, 3), dtype=torch.int64, device=master.device),
                 }
@@ -312,6 +322,30 @@ class FlatAdamW:
         flags = self.idle_flags()  # once per step, for every bucket
         for flat in self.buckets:
             run(flat, table, coef, self.idle_blocks(flat, flags))
+        self.masters_behind = self.masters_behind or any(flat["rem"] is not None for flat in self.buckets)
+
+    # ------------------------------------------------------------------------------------- remainders
+    def sync_masters(self) -> None:
+        """Decode the fp32 masters that the steps since the last call kept as parameter and remainder."""
+        if self.masters_behind:
+            for flat in self.buckets:
+                if flat["rem"] is not None:
+                    flat["master"].copy_(decode(flat["out"], flat["rem"]))
+            self.masters_behind = False
+
+    def encode_masters(self) -> None:
+        """Masters were set (a state dict load): write them as parameter and remainder (ties move one ulp)."""
+        for flat in self.buckets:
+            if flat["rem"] is not None:
+                encode_(flat["master"], flat["out"], flat["rem"])
+        self.masters_behind = False
+
+    def masters_from_params(self) -> None:
+        """The parameters were changed outside and the masters re-read from them: zero remainders."""
+        for flat in self.buckets:
+            if flat["rem"] is not None:
+                flat["rem"].zero_()
+        self.masters_behind = False
 
 
 def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
@@ -323,22 +357,25 @@ def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | 
     else:  # blocks may run into the zero padding after a parameter, which AdamW keeps at zero
         blocks = zip(flat["blocks"].tolist(), idle.tolist())
         pieces = [(start, start + length, row, skip) for (start, length, row), skip in blocks]
+    rem = flat.get("rem")
     for start, end, row, skip in pieces:
         decay, beta1, beta2, eps, step_size, bc2 = table[row, :6].unbind()
         window = slice(start, end)
+        # with remainders the master is decoded, stepped, and written back as parameter and remainder
+        p = flat["master"][window] if rem is None else decode(flat["out"][window], rem[window])
         if skip:
-            flat["master"][window].mul_(decay)
-            if flat["out"] is not None:
-                flat["out"][window].copy_(flat["master"][window])
-            continue
-        p, m, v = flat["master"][window], flat["exp_avg"][window], flat["exp_avg_sq"][window]
-        g = flat["grad"][window].float()  # bf16 gradients are read in place (exact widening)
-        g = g if coef is None else g * coef
-        p.mul_(decay)
-        m.lerp_(g, 1 - beta1)
-        v.mul_(beta2).add_((1 - beta2) * g * g)
-        p.sub_(step_size * m / (v.sqrt() / bc2 + eps))
-        if flat["out"] is not None:
+            p.mul_(decay)
+        else:
+            m, v = flat["exp_avg"][window], flat["exp_avg_sq"][window]
+            g = flat["grad"][window].float()  # bf16 gradients are read in place (exact widening)
+            g = g if coef is None else g * coef
+            p.mul_(decay)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).add_((1 - beta2) * g * g)
+            p.sub_(step_size * m / (v.sqrt() / bc2 + eps))
+        if rem is not None:
+            encode_(p, flat["out"][window], rem[window])
+        elif flat["out"] is not None:
             flat["out"][window].copy_(p)
 
 
@@ -347,4 +384,5 @@ def _triton_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor |
     from ._flat_adamw_kernel import adamw_flat
 
     adamw_flat(flat["master"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"], flat["out"],
-               flat["blocks"], table, coef, align=flat.get("align", 1), idle=idle)  # fmt: skip
+               flat["blocks"], table, coef, align=flat.get("align", 1), idle=idle,
+               remainder=flat.get("rem"))  # fmt: skip
