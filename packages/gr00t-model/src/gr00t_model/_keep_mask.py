@@ -18,11 +18,12 @@ def draw_keep_mask(size: tuple[int, ...], p: float, device: torch.device | str) 
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     out = torch.empty(size, dtype=torch.bool, device=device)
-    if out.is_cuda and _kernel() is not None:
-        seed = torch.randint(2**62, (1,), dtype=torch.int64, device=out.device)
-        _kernel().keep_mask(out.view(-1), seed, round(p * 2**32))
-        return out
-    return out.bernoulli_(1.0 - p)
+    kernel = _kernel() if out.is_cuda else None
+    if kernel is None:
+        return out.bernoulli_(1.0 - p)
+    seed = torch.randint(2**62, (1,), dtype=torch.int64, device=out.device)
+    kernel.keep_mask(out.view(-1), seed, round(p * 2**32))
+    return out
 
 
 def _kernel():

@@ -121,6 +121,7 @@ class FlatAdamW:
         self.labels: list[int | None] = [None] * len(opt.pieces)  # each piece's row now (None: skipped)
         self.padded: set[int] = set()  # pieces skipped by the last step
         self.tracks: list[dict[str, Any]] = []  # parameters whose untouched rows are idle (track_rows)
+        self.kept = [flat for flat in self.buckets if flat["rem"] is not None]  # masters as remainders
         self.relink()
 
     def relink(self) -> None:
@@ -322,29 +323,26 @@ class FlatAdamW:
         flags = self.idle_flags()  # once per step, for every bucket
         for flat in self.buckets:
             run(flat, table, coef, self.idle_blocks(flat, flags))
-        self.masters_behind = self.masters_behind or any(flat["rem"] is not None for flat in self.buckets)
+        self.masters_behind = bool(self.kept)
 
     # ------------------------------------------------------------------------------------- remainders
     def sync_masters(self) -> None:
         """Decode the fp32 masters that the steps since the last call kept as parameter and remainder."""
         if self.masters_behind:
-            for flat in self.buckets:
-                if flat["rem"] is not None:
-                    flat["master"].copy_(decode(flat["out"], flat["rem"]))
+            for flat in self.kept:
+                flat["master"].copy_(decode(flat["out"], flat["rem"]))
             self.masters_behind = False
 
     def encode_masters(self) -> None:
         """Masters were set (a state dict load): write them as parameter and remainder (ties move one ulp)."""
-        for flat in self.buckets:
-            if flat["rem"] is not None:
-                encode_(flat["master"], flat["out"], flat["rem"])
+        for flat in self.kept:
+            encode_(flat["master"], flat["out"], flat["rem"])
         self.masters_behind = False
 
     def masters_from_params(self) -> None:
         """The parameters were changed outside and the masters re-read from them: zero remainders."""
-        for flat in self.buckets:
-            if flat["rem"] is not None:
-                flat["rem"].zero_()
+        for flat in self.kept:
+            flat["rem"].zero_()
         self.masters_behind = False
 
 

@@ -21,9 +21,10 @@ import torch
 TIE = 0x8000
 
 
-def _as_int16(values: torch.Tensor) -> torch.Tensor:
-    """int64 values in [0, 65535] -> the int16 with those bits."""
-    return (values - (values >= 0x8000).long() * 0x10000).to(torch.int16)
+def _with_bits(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Non-negative int64 values below 2^bits -> the signed `dtype` (int16, int32) with those bits."""
+    bits = torch.iinfo(dtype).bits
+    return (values - (values >= 2 ** (bits - 1)).long() * 2**bits).to(dtype)
 
 
 def decode(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
@@ -31,7 +32,7 @@ def decode(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
     high = param.view(torch.int16).long() & 0xFFFF
     low = remainder.long() & 0xFFFF
     bits = ((high - (low > TIE).long()) << 16) | low
-    return (bits - (bits >= 2**31).long() * 2**32).to(torch.int32).view(torch.float32)
+    return _with_bits(bits, torch.int32).view(torch.float32)
 
 
 def encode_(master: torch.Tensor, param: torch.Tensor, remainder: torch.Tensor) -> None:
@@ -41,6 +42,6 @@ def encode_(master: torch.Tensor, param: torch.Tensor, remainder: torch.Tensor) 
     tie = (bits & 0xFFFF) == TIE
     rounds_up = ((bits >> 16) & 1) == 1  # round-to-nearest-even sends a tie up from an odd high half
     bits = torch.where(tie, bits + torch.where(rounds_up, 1, -1), bits)
-    param.view(torch.int16).copy_(_as_int16(((bits + TIE) >> 16) & 0xFFFF))
-    remainder.copy_(_as_int16(bits & 0xFFFF))
-    master.copy_((bits - (bits >= 2**31).long() * 2**32).to(torch.int32).view(torch.float32))
+    param.view(torch.int16).copy_(_with_bits(((bits + TIE) >> 16) & 0xFFFF, torch.int16))
+    remainder.copy_(_with_bits(bits & 0xFFFF, torch.int16))
+    master.copy_(_with_bits(bits, torch.int32).view(torch.float32))
