@@ -1,6 +1,6 @@
 """The attention calls of an n1.6-3b step (batch 16, two 252x252 cameras) under each SDPA backend.
 
-    PYTHONPATH=<the packages' src folders> python benchmarks/attention_probe.py [--json OUT]
+    PYTHONPATH=<the packages' src folders> python benchmarks/attention_probe.py [--json OUT] [--only a,b]
 
 For every attention shape of the step (SigLIP2's, head dim 72, forward only; the frozen and trainable Qwen3
 layers', causal with padding; the DiT's self- and cross-attention) it times, 20 calls in one CUDA graph, the
@@ -8,7 +8,9 @@ forward (and forward + backward where the step trains through it) under each bac
 flash, memory-efficient, math), SigLIP2's head dim zero-padded to 80, 96 and 128 (same result: padded
 channels add zero to every score and produce zero outputs), and a compiled flex_attention. Each row gives
 the largest difference from an fp32 math reference, so a fast but wrong variant shows. The step total per
-variant is the call time times the calls per step.
+variant is the call time times the calls per step. `triton m/n/warps/stages` rows are gr00t-model's own
+kernels (`_attention_op`) at those tile sizes, forward and backward; `--only cudnn,efficient,triton` keeps
+just the rows whose name holds one of the words.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ import torch
 import torch.nn.functional as F
 from _cuda_timing import cuda_graph_ms
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Tile sizes tried for our Triton kernels: (forward, backward) Blocks(m, n, warps, stages).
+TRITON_CONFIGS = [
+    ((128, 64, 8, 2), (64, 64, 4, 2)),
+    ((128, 64, 4, 3), (64, 32, 4, 2)),
+    ((64, 64, 4, 2), (32, 64, 4, 2)),
+    ((64, 32, 4, 3), (64, 64, 8, 2)),
+    ((128, 32, 4, 2), (128, 64, 8, 2)),
+]
 
 BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -38,18 +49,22 @@ SHAPES = {
 
 
 def inputs(b, h, q, k, d, mask_kind):
+    """(q, k, v), SDPA's boolean mask or None, the [B, keys] valid keys. Qwen3's k and v come in identical head
+    pairs, as its 8 key/value heads repeated to 16 are."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     qkv = [torch.randn(b, h, n, d, device="cuda", generator=gen).bfloat16() for n in (q, k, k)]
     valid = torch.ones(b, k, dtype=torch.bool, device="cuda")
     valid[: b // 2, k - k // 5 :] = False  # half the batch padded, as prompts of different lengths are
     if mask_kind == "keys":
-        return qkv, valid[:, None, None, :]
+        return qkv, valid[:, None, None, :], valid
     if mask_kind == "causal":
+        qkv[1:] = [t[:, ::2].repeat_interleave(2, dim=1) for t in qkv[1:]]
         causal = torch.ones(q, k, dtype=torch.bool, device="cuda").tril()
-        return qkv, (causal[None, None] & valid[:, None, None, :]) | torch.eye(
+        mask = (causal[None, None] & valid[:, None, None, :]) | torch.eye(
             q, k, dtype=torch.bool, device="cuda"
         )
-    return qkv, None
+        return qkv, mask, valid
+    return qkv, None, valid
 
 
 def sdpa_call(backend, mask, pad_to=None, scale=None):
@@ -74,7 +89,7 @@ def padded(pad, *qkv):
     return _PADDED[key]
 
 
-def variants(name, d, mask):
+def variants(name, d, mask, valid):
     rows = {f"sdpa {k}": sdpa_call(v, mask) for k, v in BACKENDS.items()}
     if name == "siglip2":
         for pad in (80, 96, 128):
@@ -85,11 +100,49 @@ def variants(name, d, mask):
             rows[f"sdpa cudnn on {pad}-wide inputs (no pad pass)"] = lambda q, k_, v, pad=pad, kernel=kernel: (
                 kernel(*padded(pad, q, k_, v))[..., :d]
             )
+    rows.update(triton_variants(name, d, valid))
     if mask is None:
         from torch.nn.attention.flex_attention import flex_attention
 
         rows["flex (compiled)"] = torch.compile(flex_attention, dynamic=False)
     return rows
+
+
+def triton_variants(name, d, valid):
+    """Our kernels at each of TRITON_CONFIGS; Qwen3's also with its real 8 key/value heads (no repeat)."""
+    from gr00t_model import _attention_op as op
+
+    kind = SHAPES[name][5]
+    key_mask = None if kind is None else valid
+    rows = {}
+    for fwd, bwd in TRITON_CONFIGS:
+        blocks = op.Blocks(*fwd), op.Blocks(*bwd)
+        fn = _triton_fn(op, key_mask, kind == "causal", d**-0.5, blocks)
+        rows[f"triton {'/'.join(map(str, fwd))} bwd {'/'.join(map(str, bwd))}"] = fn
+        if kind == "causal":
+            rows[f"triton gqa8 {'/'.join(map(str, fwd))} bwd {'/'.join(map(str, bwd))}"] = (
+                lambda q, k, v, fn=fn: fn(q, k[:, ::2], v[:, ::2])
+            )
+    return rows
+
+
+def _triton_fn(op, key_mask, causal, scale, blocks):
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = op.launch_forward(q, k, v, key_mask, causal, scale, blocks[0])
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors
+            return op.launch_backward(dout, q, k, v, out, lse, key_mask, causal, scale, blocks[1])
+
+    def call(q, k, v):
+        return Attention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return call
 
 
 def time_row(fn, qkv, train: bool):
@@ -101,16 +154,27 @@ def time_row(fn, qkv, train: bool):
     return cuda_graph_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, grad_out))
 
 
-def probe() -> list[dict]:
+def probe(only: list[str] | None = None, shapes: list[str] | None = None) -> list[dict]:
     rows = []
-    for name, (b, h, q, k, d, mask_kind, calls, trained) in SHAPES.items():
-        qkv, mask = inputs(b, h, q, k, d, mask_kind)
-        ref = F.scaled_dot_product_attention(*(t.double() for t in qkv), attn_mask=mask).float()
-        for variant, fn in variants(name, d, mask).items():
+    for name in shapes or SHAPES:
+        b, h, q, k, d, mask_kind, calls, trained = SHAPES[name]
+        qkv, mask, valid = inputs(b, h, q, k, d, mask_kind)
+        ref64 = [t.double().requires_grad_() for t in qkv]
+        ref = F.scaled_dot_product_attention(*ref64, attn_mask=mask)
+        grad_out = torch.randn_like(ref)
+        ref_grads = torch.autograd.grad(ref, ref64, grad_out) if trained else ()
+        ref = ref.detach().float()
+        for variant, fn in variants(name, d, mask, valid).items():
+            if only and not any(word in variant for word in only):
+                continue
             row = {"shape": name, "variant": variant, "bhqkd": [b, h, q, k, d]}
             try:
                 with torch.no_grad():
                     row["max_abs_err"] = (fn(*qkv).float() - ref).abs().max().item()
+                if trained and "gqa" not in variant:  # dq, dk, dv against fp64's (gqa: k/v are slices)
+                    leaves = [t.detach().requires_grad_() for t in qkv]
+                    grads = torch.autograd.grad(fn(*leaves), leaves, grad_out.to(qkv[0].dtype))
+                    row["grad_err"] = [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
                 row["fwd_ms"] = time_row(fn, qkv, train=False)
                 if trained:
                     row["fwd_bwd_ms"] = time_row(fn, qkv, train=True)
@@ -130,8 +194,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--only", help="comma-separated words: keep the rows whose name holds one")
+    parser.add_argument("--shapes", help="comma-separated shape names, in the order to run them")
     args = parser.parse_args()
-    rows = probe()
+    rows = probe(args.only.split(",") if args.only else None, args.shapes.split(",") if args.shapes else None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

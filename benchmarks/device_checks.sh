@@ -35,7 +35,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 status=0
 gpus=$(nvidia-smi --list-gpus | wc -l)
 half1="tests/integration/test_gpu.py tests/vla_overlap/test_gpu.py tests/gr00t_model/test_gpu.py
-  tests/gr00t_model/test_frozen_linear_gpu.py tests/gr00t_model/test_grouped_matmul_gpu.py"
+  tests/gr00t_model/test_frozen_linear_gpu.py tests/gr00t_model/test_grouped_matmul_gpu.py
+  tests/gr00t_model/test_attention_gpu.py"
 libero() {
   data=/tmp/libero
   [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null

@@ -22,7 +22,8 @@ same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unalig
 GEMMs write them; `ours-full-gathered-embodiments` gathers each sample's per-embodiment matrices instead of the
 grouped GEMMs. `ours-full-one-embodiment` puts every sample in one embodiment slot (the update then skips the
 other slots' table rows), `-stepped` without that skip. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
-`ours-full-param-remainders` keeps the masters as bf16 weight + remainder (optimizations.param_remainders);
+`ours-full-fp32-masters` steps fp32 masters instead of bf16 weight + remainder (optimizations.param_remainders);
+`ours-full-sdpa-attention` runs the DiT's attention on SDPA instead of our Triton kernels;
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
 
@@ -65,8 +66,10 @@ ROWS["ours-full-gathered-embodiments"] = [*ROWS["ours-full"], "optimizations.gro
 # every sample of the fixed batch in one embodiment slot, with and without the update skipping the other slots
 ROWS["ours-full-one-embodiment"] = ROWS["ours-full"]
 ROWS["ours-full-one-embodiment-stepped"] = [*ROWS["ours-full"], "optimizations.skip_untouched_rows=false"]
-# fp32 masters kept as bf16 weight + 16-bit remainder while stepping (26 instead of 28 bytes per parameter)
-ROWS["ours-full-param-remainders"] = [*ROWS["ours-full"], "optimizations.param_remainders=true"]
+# fp32 masters stepped as they are, not as bf16 weight + 16-bit remainder (28 instead of 26 bytes per parameter)
+ROWS["ours-full-fp32-masters"] = [*ROWS["ours-full"], "optimizations.param_remainders=false"]
+# the DiT's attention on SDPA (cuDNN for cross, memory-efficient for self) instead of our Triton kernels
+ROWS["ours-full-sdpa-attention"] = [*ROWS["ours-full"], "optimizations.triton_attention=off"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]
 

@@ -91,8 +91,8 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
         ("lr", "must look like section.field=value"),
         ("logging.profile_steps=-1", "logging.profile_steps: must be >= 0"),
         (
-            "optimizations.param_remainders=true",  # default bf16_weights is off
-            "optimizations.param_remainders: keeps masters as bf16 weights plus remainders: needs bf16_weights",
+            "optimizations.triton_attention=yes",
+            "optimizations.triton_attention: 'yes' is not one of the allowed",
         ),
         (
             "logging.profile_steps=20000",

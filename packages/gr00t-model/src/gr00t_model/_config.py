@@ -127,6 +127,12 @@ class GR00TConfig:
     weight gradient sums its samples in one GEMM's fp32 accumulation instead of per sample, so the tables count
     as matmul weights and take trainable_dtype like Linear weights."""
 
+    triton_attention: bool = False
+    """On CUDA, the DiT's self- and cross-attention through our Triton flash kernels (`_attention`) instead of
+    SDPA's: the same math, with the scores' softmax in fp32 and the probabilities rounded to 16 bits before
+    they multiply the values, as flash kernels do. Faster at the DiT's 51 queries (BENCHMARKS.md, twelfth
+    pass); elsewhere SDPA runs."""
+
     # --- default input geometry (processor and FLOP counter) ---
     image_size: tuple[int, int] = (252, 252)
     """(height, width) of every image fed to the vision tower; multiples of patch * downsample."""

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ._attention import attention
 from ._config import GR00TConfig
 from ._keep_mask import draw_keep_mask
 
@@ -84,11 +85,12 @@ class AdaLayerNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head attention through SDPA; keys/values from `context` (cross) or from the input (self)."""
+    """Multi-head attention; keys/values from `context` (cross) or from the input (self). Through SDPA, or on
+    CUDA with `triton` (GR00TConfig.triton_attention) through our kernels (`_attention`)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float, context_dim: int | None) -> None:
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.triton = heads, head_dim, False
         inner, source = heads * head_dim, context_dim or dim
         self.to_q = nn.Linear(dim, inner)
         self.to_k = nn.Linear(source, inner)
@@ -105,7 +107,9 @@ class Attention(nn.Module):
     def forward(self, x, context=None, mask=None, kv=None, keep=None) -> torch.Tensor:
         key, value = kv if kv is not None else self.key_values(x if context is None else context)
         query = self.split(self.to_q(x))
-        if mask is None and x.is_cuda:
+        if self.triton and x.is_cuda:
+            out = attention(query, key, value, key_mask=mask, triton=True)
+        elif mask is None and x.is_cuda:
             with sdpa_kernel(SELF_ATTENTION_BACKENDS):
                 out = F.scaled_dot_product_attention(query, key, value)
         else:
@@ -175,6 +179,8 @@ class AlternateVLDiT(nn.Module):
             TransformerBlock(config, None if i % 2 else config.llm_hidden_size)
             for i in range(config.dit_num_layers)
         )
+        for block in self.transformer_blocks:
+            block.attn1.triton = config.triton_attention
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
         self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)

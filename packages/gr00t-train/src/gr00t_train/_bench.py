@@ -33,6 +33,8 @@ LADDER: list[tuple[str, list[str]]] = [
             "optimizations.flat_optimizer=off",
             "optimizations.grouped_embodiment_gemms=off",
             "optimizations.skip_untouched_rows=false",
+            "optimizations.param_remainders=false",
+            "optimizations.triton_attention=off",
             "optimizations.tf32=true",
             "optimizations.cudnn_benchmark=true",
         ],
@@ -50,6 +52,10 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ grouped embodiment GEMMs", ["optimizations.grouped_embodiment_gemms=auto"]),
     # exact: rows of the embodiment tables that no batch touched only decay (one embodiment: 31 of 32 slots)
     ("+ untouched table rows skipped", ["optimizations.skip_untouched_rows=true"]),
+    # masters as bf16 weight + 16-bit remainder: a tie moves one fp32 ulp (on a CPU: repeats the row before)
+    ("+ master remainders", ["optimizations.param_remainders=true"]),
+    # auto: on with CUDA; on a CPU this row repeats the one before
+    ("+ Triton DiT attention", ["optimizations.triton_attention=auto"]),
     # the stretch row: FP8 GEMMs for the frozen prefix change the numerics (its own loss-parity run)
     ("+ FP8 frozen prefix (stretch)", ["optimizations.fp8_frozen=true"]),
 ]

@@ -89,7 +89,7 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             log.info("weight gradients: %d linear layers write their gradient buffers directly", routed)
         if opts.comm == "zero1_overlap":
             flat = _flat_kernel(opts, env)
-            remainders = opts.param_remainders and flat is not None
+            remainders = opts.param_remainders and opts.bf16_weights and flat is not None
             optimizer = vla_overlap.DistributedAdamW(
                 wrapped, groups, **adamw, flat=flat, remainders=remainders
             )

@@ -206,12 +206,16 @@ class OptimizationsConfig(_Section):
     n1.6-3b on an H200; torch's fused AdamW and the write-back 21-24 ms). auto = on with comm=zero1_overlap
     on CUDA; on needs both.
     """
-    param_remainders: bool = False
-    """With bf16_weights and the flat optimizer (on CUDA): keep each fp32 master weight as its bf16 weight
-    plus a 16-bit remainder while stepping (vla-overlap's `remainders`), so the update moves 26 instead of 28
-    bytes per parameter. A master at an exact rounding tie moves one fp32 ulp (about one element in 65536 per
-    step); the bf16 weight stays autocast's rounding of the master, and checkpoints hold fp32 masters. Off
-    until measured on a GPU (BENCHMARKS.md, eleventh pass)."""
+    param_remainders: bool = True
+    """Where the flat optimizer steps bf16 weights (bf16_weights, on CUDA): keep each fp32 master weight as its
+    bf16 weight plus a 16-bit remainder while stepping (vla-overlap's `remainders`), so the update moves 26
+    instead of 28 bytes per parameter: +1.7 samples/s for n1.6-3b on an H200 (BENCHMARKS.md, twelfth pass).
+    A master at an exact rounding tie moves one fp32 ulp (about one element in 65536 per step); the bf16
+    weight stays autocast's rounding of the master, and checkpoints hold fp32 masters. The remainders take 2
+    bytes per trainable parameter of memory (the fp32 masters stay allocated for checkpoints)."""
+    triton_attention: Literal["auto", "on", "off"] = "auto"
+    """The DiT's attention through gr00t-model's Triton flash kernels (GR00TConfig.triton_attention) instead of
+    SDPA's (BENCHMARKS.md, twelfth pass). auto = on with CUDA; elsewhere SDPA runs either way."""
     weight_grads_in_place: bool = True
     """Where the gradient buffers hold the weights' own dtype (bf16 weights with the flat step, one microbatch,
     one rank), each trainable nn.Linear's weight-gradient GEMM writes its buffer directly instead of a new
@@ -251,11 +255,6 @@ class OptimizationsConfig(_Section):
             self.flat_optimizer != "on" or self.comm == "zero1_overlap",
             "flat_optimizer",
             f"is DistributedAdamW's step: needs comm=zero1_overlap, got comm={self.comm!r}",
-        )
-        require(
-            not self.param_remainders or (self.bf16_weights and self.flat_optimizer != "off"),
-            "param_remainders",
-            "keeps masters as bf16 weights plus remainders: needs bf16_weights and the flat optimizer",
         )
         require(
             self.comm != "ddp" or self.grad_reduce_dtype == "float32",

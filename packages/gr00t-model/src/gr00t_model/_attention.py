@@ -1,0 +1,65 @@
+"""Attention over the model's short sequences, in SDPA's layout: our Triton flash kernels on CUDA
+(GR00TConfig.triton_attention), SDPA elsewhere and as the reference.
+
+Why our own kernels: every attention of n1.6-3b is short (SigLIP2 324 keys with head dim 72, Qwen3 204 causal,
+the DiT 51 queries over 51 or 204 keys with head dim 48), where SDPA's kernels run far below the GPU's rate
+(BENCHMARKS.md, ninth and twelfth passes). Ours split a head dim that is not a power of two into two tiles
+instead of padding it, read q/k/v in the projections' own [B, S, H, D] layout (no transposes) and index a
+shared key/value head directly (no repeated copies).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    triton: bool = False,
+) -> torch.Tensor:
+    """q [B, H, Lq, D], k/v [B, Hkv, Lk, D] (Hkv divides H), key_mask [B, Lk] bool (True = attend) -> [B, H, Lq, D].
+
+    causal: query i sees keys j <= i that the key mask allows, and always itself (so a padding row is never
+    empty). `triton` asks for the Triton kernels; they run where the tensors are on CUDA, Triton imports and
+    the shapes fit (`_attention_op.supported`), SDPA otherwise.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if triton and q.is_cuda and _op() is not None and _op().supported(q, k):
+        mask = None if key_mask is None else key_mask.to(torch.bool)
+        out, _ = _op().flash_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, scale
+        )
+        return out.transpose(1, 2)
+    return sdpa_attention(q, k, v, key_mask, causal, scale)
+
+
+def sdpa_attention(q, k, v, key_mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """The same contract through F.scaled_dot_product_attention (k and v repeated to the query heads)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    mask = None if key_mask is None else key_mask.to(torch.bool)[:, None, None, :]
+    if causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        tril = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+        eye = torch.eye(lq, lk, dtype=torch.bool, device=q.device)
+        mask = (tril if mask is None else tril & mask) | eye
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+@functools.cache
+def _op():
+    """The custom op's module, or None where Triton is missing."""
+    try:
+        from . import _attention_op
+    except ImportError:
+        return None
+    return _attention_op
