@@ -32,9 +32,10 @@ def attention(
     the shapes fit (`_attention_op.supported`), SDPA otherwise.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if triton and q.is_cuda and _op() is not None and _op().supported(q, k):
+    op = _op() if triton and q.is_cuda else None
+    if op is not None and op.supported(q, k):
         mask = None if key_mask is None else key_mask.to(torch.bool)
-        out, _ = _op().flash_attention(
+        out, _ = op.flash_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, scale
         )
         return out.transpose(1, 2)

@@ -34,13 +34,10 @@ def head_split(d: int) -> tuple[int, int]:
     return d1, 0 if rest == 0 else max(16, 1 << (rest - 1).bit_length())
 
 
-def forward_blocks(lq: int, d: int) -> Blocks:
-    """Short query runs fill one 64-row tile; longer ones take 128 rows with 8 warps."""
+def forward_blocks(lq: int) -> Blocks:
+    """Short query runs fill one 64-row tile; longer ones take 128 rows with 8 warps. (The backward always
+    takes Blocks(): 64 x 64 tiles; 32-row query tiles computed a wrong dK under Triton 3.6.)"""
     return Blocks() if lq <= 64 else Blocks(m=128, n=64, warps=8, stages=2)
-
-
-def backward_blocks(lq: int, d: int) -> Blocks:
-    return Blocks()
 
 
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -71,7 +68,7 @@ def launch_forward(q, k, v, key_mask, causal: bool, scale: float, blocks: Blocks
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     b, lq, heads, d = q.shape
     lk = k.shape[1]
-    blocks = blocks or forward_blocks(lq, d)
+    blocks = blocks or forward_blocks(lq)
     d1, d2 = head_split(d)
     out = torch.empty((b, lq, heads, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, heads, lq), dtype=torch.float32, device=q.device)
@@ -95,7 +92,7 @@ def launch_backward(
     dout, q, k, v = _unit_last(dout), _unit_last(q), _unit_last(k), _unit_last(v)
     b, lq, heads, d = q.shape
     lk, kv_heads = k.shape[1], k.shape[2]
-    blocks = blocks or backward_blocks(lq, d)
+    blocks = blocks or Blocks()
     d1, d2 = head_split(d)
     dq = torch.empty_like(out)
     dk = torch.empty((b, lk, kv_heads, d), dtype=k.dtype, device=k.device)
