@@ -26,17 +26,17 @@ BLOCK = 1024
 
 
 @triton.jit
-def adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, offsets, p, g, m, v):
+def adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, offsets, p, g, m, v, EVICT: tl.constexpr = ""):
     """An AdamW step's arithmetic and bytes (fixed hyperparameters) on loaded values, stored at `offsets`."""
     g = g.to(tl.float32)
     p = p * 0.9999
     m = m + 0.1 * (g - m)
     v = v * 0.999 + 0.001 * g * g
     p = p - tl.div_rn(1e-4 * m, tl.div_rn(tl.sqrt_rn(v), 0.5) + 1e-8)
-    tl.store(p_ptr + offsets, p)
-    tl.store(m_ptr + offsets, m)
-    tl.store(v_ptr + offsets, v)
-    tl.store(out_ptr + offsets, p.to(tl.bfloat16))
+    tl.store(p_ptr + offsets, p, eviction_policy=EVICT)
+    tl.store(m_ptr + offsets, m, eviction_policy=EVICT)
+    tl.store(v_ptr + offsets, v, eviction_policy=EVICT)
+    tl.store(out_ptr + offsets, p.to(tl.bfloat16), eviction_policy=EVICT)
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def together(graph, update: Update, programs: int, warps: int) -> dict:
 # ----------------------------------------------------------------------------- second pass (--split2)
 @triton.jit
 def adamw_range(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, per_program, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-                PREFETCH: tl.constexpr):  # fmt: skip
+                PREFETCH: tl.constexpr, EVICT: tl.constexpr = ""):  # fmt: skip
     """Each program walks its own contiguous range (no descriptor loads); STAGES > 1 asks Triton's pipeliner
     for loads in flight across iterations, PREFETCH carries the next block's loads through the loop."""
     start = tl.program_id(0).to(tl.int64) * per_program
@@ -127,11 +127,11 @@ def adamw_range(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, per_program, BLOCK: tl.cons
             o = start + s + lanes
             nxt = o + BLOCK
             live = (s + BLOCK + lanes) < per_program
-            p2 = tl.load(p_ptr + nxt, mask=live)
-            g2 = tl.load(g_ptr + nxt, mask=live)
-            m2 = tl.load(m_ptr + nxt, mask=live)
-            v2 = tl.load(v_ptr + nxt, mask=live)
-            adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, o, p, g, m, v)
+            p2 = tl.load(p_ptr + nxt, mask=live, eviction_policy=EVICT)
+            g2 = tl.load(g_ptr + nxt, mask=live, eviction_policy=EVICT)
+            m2 = tl.load(m_ptr + nxt, mask=live, eviction_policy=EVICT)
+            v2 = tl.load(v_ptr + nxt, mask=live, eviction_policy=EVICT)
+            adamw_store(p_ptr, m_ptr, v_ptr, out_ptr, o, p, g, m, v, EVICT)
             p, g, m, v = p2, g2, m2, v2
     else:
         for s in tl.range(0, per_program, BLOCK, num_stages=STAGES):
@@ -141,11 +141,11 @@ def adamw_range(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, per_program, BLOCK: tl.cons
 
 
 @triton.jit
-def sumsq_range(g_ptr, partial_ptr, per_program, BLOCK: tl.constexpr):
+def sumsq_range(g_ptr, partial_ptr, per_program, BLOCK: tl.constexpr, EVICT: tl.constexpr = ""):
     start = tl.program_id(0).to(tl.int64) * per_program
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.range(0, per_program, BLOCK, num_stages=3):
-        g = tl.load(g_ptr + start + s + tl.arange(0, BLOCK)).to(tl.float32)
+        g = tl.load(g_ptr + start + s + tl.arange(0, BLOCK), eviction_policy=EVICT).to(tl.float32)
         acc += g * g
     tl.store(partial_ptr + tl.program_id(0), tl.sum(acc))
 
@@ -159,13 +159,15 @@ class RangeUpdate:
         self.out = torch.empty(N, device="cuda", dtype=torch.bfloat16)
         self.partial = torch.zeros(4096, device="cuda")
 
-    def run(self, programs: int, block: int, warps: int, mode: str, norm: bool = True) -> None:
+    def run(
+        self, programs: int, block: int, warps: int, mode: str, norm: bool = True, evict: str = ""
+    ) -> None:
         per = (N // programs) // 8192 * 8192  # the probe covers all but < programs * 8192 elements
         if norm:
-            sumsq_range[(programs,)](self.g, self.partial, per, BLOCK=4096, num_warps=8)
+            sumsq_range[(programs,)](self.g, self.partial, per, BLOCK=4096, EVICT=evict, num_warps=8)
         stages = int(mode[1:]) if mode.startswith("s") else 1
         adamw_range[(programs,)](self.p, self.g, self.m, self.v, self.out, per, BLOCK=block, STAGES=stages,
-                                 PREFETCH=mode == "prefetch", num_warps=warps)  # fmt: skip
+                                 PREFETCH=mode == "prefetch", EVICT=evict, num_warps=warps)  # fmt: skip
 
 
 def split2(a, result: dict) -> None:
@@ -226,11 +228,49 @@ def split2(a, result: dict) -> None:
 
 
 class _RangeAsUpdate:
-    def __init__(self, up, block, warps, mode):
-        self.up, self.block, self.warps, self.mode = up, block, warps, mode
+    def __init__(self, up, block, warps, mode, evict=""):
+        self.up, self.block, self.warps, self.mode, self.evict = up, block, warps, mode, evict
 
     def run(self, programs, _warps):
-        self.up.run(programs, self.block, self.warps, self.mode)
+        self.up.run(programs, self.block, self.warps, self.mode, evict=self.evict)
+
+
+# ----------------------------------------------------------------------------- third pass (--split3)
+def split3(a, result: dict) -> None:
+    """Does the prefix still slow down beside an update on other SMs once the update's loads and stores are
+    marked evict-first (so that its 40+ GB stream stops flushing the GEMMs' operand tiles out of L2)?
+    The eighth pass's best range kernel (prefetch, 4096-element blocks, 16 warps), cuBLASLt carveouts."""
+    up = RangeUpdate()
+    alone = {}
+    for evict in ("", "evict_first"):
+        for p in (16, 24, 32, 48, 132):
+            key = f"{p}p/{evict or 'default'}"
+            alone[key] = cuda_ms(lambda p=p, e=evict: up.run(p, 4096, 16, "prefetch", evict=e), 3, warmup=1)
+            print("update alone (with norm)", key, round(alone[key], 2), "ms", flush=True)
+    result["range_update_alone_ms"] = alone
+    carveouts = [int(c) for c in a.carveouts.split(",")]
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    graphs = prefix_graphs(carveouts)
+    torch.backends.cuda.preferred_blas_library("cublas")
+    prefix_alone = {c: cuda_ms(g.replay, 5) for c, g in graphs.items()}
+    print("prefix alone by carveout:", {c: round(v, 2) for c, v in prefix_alone.items()}, flush=True)
+    result["prefix_alone_ms"] = prefix_alone
+    rows = []
+    for c in carveouts:
+        for p in (c, c + 8, c + 16) if c else (16, 32):
+            for evict in ("", "evict_first"):
+                u = _RangeAsUpdate(up, 4096, 16, "prefetch", evict)
+                row = {
+                    "carveout": c,
+                    "programs": p,
+                    "evict": evict or "default",
+                    **together(graphs[c], u, p, 0),
+                }
+                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
+                      flush=True)  # fmt: skip
+                rows.append(row)
+    result["together"] = rows
+    print("best:", min(rows, key=lambda r: r["both_ms"]), flush=True)
 
 
 def main() -> None:
@@ -239,13 +279,14 @@ def main() -> None:
     p.add_argument("--carveouts", default="0,8,16,24,32,48")
     p.add_argument("--programs", default="8,16,24,32,48,66,132,264,528")
     p.add_argument("--split2", action="store_true", help="the second pass: range kernels, cublasLt carveout")
+    p.add_argument("--split3", action="store_true", help="the third pass: the update's loads evict-first")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F"),
               "sms": sms}  # fmt: skip
-    if a.split2:
-        split2(a, result)
+    if a.split2 or a.split3:
+        (split3 if a.split3 else split2)(a, result)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(result, f, indent=1, default=str)
