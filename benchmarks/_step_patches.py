@@ -90,6 +90,11 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     ),
     # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
     "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),
+    # graphs captured on a stream of the default priority, the optimizer's side stream's, instead of a higher
+    # one (vla_graph's CAPTURE_PRIORITY; before the thirteenth pass)
+    "ours-full-capture-default-priority": lambda: mock.patch.dict(
+        "vla_graph._device._CAPTURE_STREAMS", {torch.cuda.current_device(): torch.cuda.Stream(priority=0)}
+    ),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32

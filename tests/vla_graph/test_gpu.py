@@ -135,6 +135,13 @@ def test_capture_stream_context_makes_the_shared_stream_current() -> None:
     assert inside != before and torch.cuda.current_stream() == before
 
 
+def test_graphs_are_captured_at_a_higher_priority_than_ordinary_streams() -> None:
+    # torch instantiates graphs with cudaGraphInstantiateFlagUseNodePriority: replays keep this priority
+    with vla_graph.capture_stream():
+        capture = torch.cuda.current_stream()
+    assert capture.priority < torch.cuda.Stream().priority  # a lower number is a higher priority
+
+
 def _scenario(case: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(SCENARIOS), case],

@@ -25,11 +25,20 @@ def _cuda_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+CAPTURE_PRIORITY = -1
+"""The capture stream's priority, above the default 0 of every other stream. torch instantiates graphs with
+cudaGraphInstantiateFlagUseNodePriority, so a replayed kernel keeps the priority of the stream it was captured
+on, whatever stream the graph is launched into. When work on an ordinary stream runs beside a replay (an
+optimizer step on a side stream), the block scheduler then gives free SMs to the graph's kernels first, and
+the side work fills what they leave, instead of the two taking turns kernel by kernel."""
+
+
 def shared_capture_stream(device: torch.device) -> Any:
-    """The one side stream every warmup and capture on `device` uses (created on first use)."""
+    """The one side stream every warmup and capture on `device` uses (created on first use, at
+    CAPTURE_PRIORITY)."""
     index = _cuda_index(device)
     if index not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[index] = torch.cuda.Stream(device=index)
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(device=index, priority=CAPTURE_PRIORITY)
     return _CAPTURE_STREAMS[index]
 
 
