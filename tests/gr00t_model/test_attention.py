@@ -87,6 +87,19 @@ def test_cpu_tensors_take_sdpa_even_when_triton_is_asked_for() -> None:
     assert torch.equal(attention(q, k, v, keys, triton=True), sdpa_attention(q, k, v, keys))
 
 
+def test_a_dit_asking_for_the_kernels_loads_them_when_built(monkeypatch) -> None:
+    """Compiled blocks then only read a module global: torch.compile traces no import or cached lookup."""
+    pytest.importorskip("triton")
+    from gr00t_model import GR00TConfig, _attention
+    from gr00t_model._dit import AlternateVLDiT
+
+    monkeypatch.setattr(_attention, "_OP", None)
+    AlternateVLDiT(GR00TConfig.preset("tiny", triton_attention=False))
+    assert _attention._OP is None
+    AlternateVLDiT(GR00TConfig.preset("tiny", triton_attention=True))
+    assert _attention._OP is not None and hasattr(_attention._OP, "flash_attention")
+
+
 def test_head_dims_the_kernels_take() -> None:
     """Two column tiles must cover the head dim exactly (a partly masked tile is not used: see supported)."""
     pytest.importorskip("triton")

@@ -10,8 +10,6 @@ shared key/value head directly (no repeated copies).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +30,7 @@ def attention(
     the shapes fit (`_attention_op.supported`), SDPA otherwise.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    op = _op() if triton and q.is_cuda else None
+    op = (_OP or _load()) if triton and q.is_cuda else None
     if op is not None and op.supported(q, k):
         mask = None if key_mask is None else key_mask.to(torch.bool)
         out, _ = op.flash_attention(
@@ -56,11 +54,22 @@ def sdpa_attention(q, k, v, key_mask=None, causal: bool = False, scale: float | 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-@functools.cache
-def _op():
-    """The custom op's module, or None where Triton is missing."""
-    try:
-        from . import _attention_op
-    except ImportError:
-        return None
-    return _attention_op
+_OP = None  # the custom op's module, once load_triton() found it
+
+
+def load_triton() -> bool:
+    """Import the Triton kernels' op (once); False where Triton is missing. Models that ask for the kernels
+    call this when they are built, so that compiled code calling attention() only reads a module global
+    (torch.compile would otherwise trace the import, and warns about a cached lookup)."""
+    return _load() is not None
+
+
+def _load():
+    global _OP
+    if _OP is None:
+        try:
+            from . import _attention_op
+        except ImportError:
+            return None
+        _OP = _attention_op
+    return _OP

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ._attention import attention
+from ._attention import attention, load_triton
 from ._config import GR00TConfig
 from ._keep_mask import draw_keep_mask
 
@@ -181,6 +181,8 @@ class AlternateVLDiT(nn.Module):
         )
         for block in self.transformer_blocks:
             block.attn1.triton = config.triton_attention
+        if config.triton_attention:
+            load_triton()  # here, not inside the compiled blocks
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
         self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)
