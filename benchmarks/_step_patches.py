@@ -95,6 +95,9 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-capture-default-priority": lambda: mock.patch.dict(
         "vla_graph._device._CAPTURE_STREAMS", {torch.cuda.current_device(): torch.cuda.Stream(priority=0)}
     ),
+    # the DiT attention's one-tile backward with one program per key block and head, its dQ parts summed after
+    # (gr00t_model._attention_op.SPLIT_KEYS; built in the thirteenth pass, not measured yet)
+    "ours-full-split-keys": lambda: mock.patch("gr00t_model._attention_op.SPLIT_KEYS", True),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32

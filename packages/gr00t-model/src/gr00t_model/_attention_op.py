@@ -85,10 +85,16 @@ def launch_forward(q, k, v, key_mask, causal: bool, scale: float, blocks: Blocks
     return out, lse
 
 
+SPLIT_KEYS = False
+"""Where all queries fit one tile, one backward program per key block and head (their dQ parts summed after)
+instead of one per head (see _short_grads_kernel). Off until measured on a GPU."""
+
+
 def launch_backward(
-    dout, q, k, v, out, lse, key_mask, causal: bool, scale: float, blocks: Blocks | None = None
-):
-    """(dq like out, dk, dv [B, Lk, Hkv, D] contiguous)."""
+    dout, q, k, v, out, lse, key_mask, causal: bool, scale: float, blocks: Blocks | None = None,
+    split: bool | None = None,
+):  # fmt: skip
+    """(dq like out, dk, dv [B, Lk, Hkv, D] contiguous). `split`: SPLIT_KEYS when None."""
     dout, q, k, v = _unit_last(dout), _unit_last(q), _unit_last(k), _unit_last(v)
     b, lq, heads, d = q.shape
     lk, kv_heads = k.shape[1], k.shape[2]
@@ -116,11 +122,15 @@ def launch_backward(
         num_warps=blocks.warps,
         num_stages=blocks.stages,
     )
-    if lq <= blocks.m and kv_heads == heads:  # one program per head: see _short_grads_kernel
-        wrap_triton(kern._short_grads_kernel)[(b * heads,)](
-            q, k, v, out, dout, lse, keep, dq, dk, dv, *strides, *dk.stride()[:3], *sizes, **meta
-        )
-        return dq, dk, dv
+    if lq <= blocks.m and kv_heads == heads:  # see _short_grads_kernel
+        split = (SPLIT_KEYS if split is None else split) and out.is_contiguous()  # parts are laid out as out
+        key_blocks = triton.cdiv(lk, blocks.n) if split else 1
+        parts = torch.empty((key_blocks, *out.shape), dtype=torch.float32, device=q.device) if split else dq
+        wrap_triton(kern._short_grads_kernel)[(key_blocks, b * heads) if split else (b * heads,)](
+            q, k, v, out, dout, lse, keep, parts, dk, dv, *strides, *dk.stride()[:3], out.numel(), *sizes,
+            SPLIT=split, **meta,
+        )  # fmt: skip
+        return (parts.sum(0).to(dq.dtype) if split else dq), dk, dv
     wrap_triton(kern._key_grads_kernel)[(triton.cdiv(lk, blocks.n), b * kv_heads)](
         q, k, v, out, dout, lse, keep, dk, dv, *strides, *dk.stride()[:3], *sizes, **meta
     )
