@@ -98,6 +98,9 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     # the DiT attention's one-tile backward with one program per key block and head, its dQ parts summed after
     # (gr00t_model._attention_op.SPLIT_KEYS; built in the thirteenth pass, not measured yet)
     "ours-full-split-keys": lambda: mock.patch("gr00t_model._attention_op.SPLIT_KEYS", True),
+    # the DiT's VL context cast once for all cross blocks, its gradient summed in one compiled pass
+    # (gr00t_model._context_cast.CAST_ONCE; built in the thirteenth pass, not measured yet)
+    "ours-full-cast-context-once": lambda: mock.patch("gr00t_model._context_cast.CAST_ONCE", True),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import _context_cast as context_cast
 from ._attention import attention, load_triton
 from ._config import GR00TConfig
 from ._keep_mask import draw_keep_mask
@@ -100,9 +101,13 @@ class Attention(nn.Module):
     def split(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
-    def key_values(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected keys and values [B, heads, S, head_dim] (reusable across denoising steps)."""
-        return self.split(self.to_k(source)), self.split(self.to_v(source))
+    def key_values(
+        self, source: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected keys and values [B, heads, S, head_dim] (reusable across denoising steps). `source` may
+        be a (k input, v input) pair (`_context_cast`)."""
+        k_source, v_source = source if isinstance(source, tuple) else (source, source)
+        return self.split(self.to_k(k_source)), self.split(self.to_v(v_source))
 
     def forward(self, x, context=None, mask=None, kv=None, keep=None) -> torch.Tensor:
         key, value = kv if kv is not None else self.key_values(x if context is None else context)
@@ -183,6 +188,7 @@ class AlternateVLDiT(nn.Module):
             block.attn1.triton = config.triton_attention
         if config.triton_attention:
             load_triton()  # here, not inside the compiled blocks
+        self.grad_sum = None  # the context cast's gradient sum; compile_blocks compiles one (_context_cast)
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
         self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)
@@ -212,6 +218,11 @@ class AlternateVLDiT(nn.Module):
         temb = self.timestep_encoder(buckets)
         text_mask, image_mask = _never_empty(text_mask), _never_empty(image_mask)
         keeps = self.keep_masks(tokens)
+        sources = None
+        if kv_cache is None and context_cast.applies(context):
+            sources = context_cast.cast_for_blocks(
+                context, (len(self.transformer_blocks) + 1) // 2, self.grad_sum
+            )
         for i, block in enumerate(self.transformer_blocks):
             keep = None if keeps is None else keeps[i]
             if i % 2:
@@ -219,7 +230,8 @@ class AlternateVLDiT(nn.Module):
             else:
                 mask = text_mask if i % self.text_period == 0 else image_mask
                 kv = kv_cache[i] if kv_cache is not None else None
-                tokens = block(tokens, temb, context, mask, kv, keep)
+                source = context if sources is None else sources[i // 2]
+                tokens = block(tokens, temb, source, mask, kv, keep)
         shift, scale = self.proj_out_1(F.silu(temb)).chunk(2, dim=1)
         return self.proj_out_2(self.norm_out(tokens) * (1 + scale[:, None]) + shift[:, None])
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import _context_cast as context_cast
 from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
@@ -153,12 +154,16 @@ class GR00TN16(nn.Module):
         for block in blocks:
             if "forward" not in vars(block):
                 block.forward = torch.compile(type(block).forward.__get__(block), **options)
+        dit = self.action_head.model
+        if dit.grad_sum is None:  # the DiT context cast's gradient sum: one fused kernel (_context_cast)
+            dit.grad_sum = torch.compile(context_cast.sum_grads, **options)
         return len(blocks)
 
     def uncompile_blocks(self) -> None:
         """Undo compile_blocks: every block runs its plain forward again."""
         for block in self.repeated_blocks():
             vars(block).pop("forward", None)
+        self.action_head.model.grad_sum = None
 
     def train(self, mode: bool = True) -> GR00TN16:
         """As nn.Module.train, but a frozen DiT stays in eval mode (no dropout), as in the release."""
