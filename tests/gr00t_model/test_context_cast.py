@@ -77,6 +77,20 @@ def test_compiled_blocks_compile_the_sum_and_uncompiling_drops_it(monkeypatch) -
     assert model.action_head.model.grad_sum is None
 
 
+def test_compiled_blocks_give_the_same_context_gradient_bit_for_bit(fp32_tiny, monkeypatch) -> None:
+    """As compile_blocks runs them (Inductor, here on the CPU): the blocks' compiled backward sums each block's
+    k and v gradients in fp32 and autograd adds the blocks from the last back; the compiled sum does the same
+    additions in the same order, so even the context's gradient is equal."""
+    dit = AlternateVLDiT(fp32_tiny(dit_num_layers=6, dit_dropout=0.2)).train()
+    for block in dit.transformer_blocks:
+        block.forward = torch.compile(type(block).forward.__get__(block), dynamic=False)
+    compiled_sum = torch.compile(_context_cast.sum_grads, dynamic=False)
+    out, context_grad, grads = _run(dit, False, monkeypatch)
+    out2, context_grad2, grads2 = _run(dit, True, monkeypatch, compiled_sum)
+    assert torch.equal(out, out2) and torch.equal(context_grad, context_grad2)
+    assert all(torch.equal(grads[name], grads2[name]) for name in grads)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_blocks_on_the_gpu_give_the_per_block_casts_results(fp32_tiny, monkeypatch) -> None:
