@@ -59,6 +59,11 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-autotune-dit": lambda: mock.patch.object(
         torch, "compile", _with_options(blocks=("TransformerBlock",), max_autotune_gemm=True)
     ),
+    # the DiT blocks' column sums (bias gradients over 816 rows) as one kernel each instead of Inductor's split
+    # reduction's two (thirteenth pass's timeline: 2.3 + 1.3 us and a gap per bias gradient; not measured yet)
+    "ours-full-dit-unsplit-reductions": lambda: mock.patch.object(
+        torch, "compile", _with_options(blocks=("TransformerBlock",), split_reductions=False)
+    ),
     # Inductor's default reductions: no persistent variant past 1024 elements per row (before the seventh pass,
     # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
     "ours-full-looped-reductions": lambda: mock.patch.object(
