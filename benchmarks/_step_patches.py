@@ -106,6 +106,10 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     # the DiT's VL context cast once for all cross blocks, its gradient summed in one compiled pass
     # (gr00t_model._context_cast.CAST_ONCE; built in the thirteenth pass, not measured yet)
     "ours-full-cast-context-once": lambda: mock.patch("gr00t_model._context_cast.CAST_ONCE", True),
+    # the clipping norm's parts taken in the backward as each gradient bucket launches, on the comm stream,
+    # instead of a pass over all gradients on the optimizer's stream (vla_overlap._flat_adamw.EARLY_NORM,
+    # _grad_norm.EarlyNorm; built in the thirteenth pass, not measured yet)
+    "ours-full-early-norm": lambda: mock.patch("vla_overlap._flat_adamw.EARLY_NORM", True),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32

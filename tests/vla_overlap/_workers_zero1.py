@@ -175,6 +175,37 @@ def narrow_grads(ctx: Any, steps: int = 3) -> dict[str, Any]:
     return out
 
 
+def early_norm(ctx: Any, steps: int = 3) -> dict[str, Any]:
+    """The clipping norm's parts taken as each bucket launches in the backward (EarlyNorm) vs read after it,
+    at one rank, with clipping; then whether the parts count as stale once the buffers are reset."""
+    from vla_overlap import _flat_adamw
+
+    out: dict[str, Any] = {}
+    for early in (False, True):
+        _flat_adamw.EARLY_NORM = early
+        try:
+            module = bf16_model(mixed=True)
+            model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+            opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": "torch"})
+        finally:
+            _flat_adamw.EARLY_NORM = False
+        used = []
+        if opt.flat.early is not None:
+            norm = opt.flat.early.norm
+            opt.flat.early.norm = lambda p, norm=norm, used=used: used.append(norm(p)) or used[-1]
+        norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), 1, autocast=True, clip=0.05,
+                          dtype=torch.bfloat16)  # fmt: skip
+        out[str(early)] = {
+            "params": params_of(module),
+            "norms": norms,
+            "used": sum(n is not None for n in used),
+        }
+        if early:
+            model.zero_grad()
+            out["after_reset"] = opt.flat.early.norm(2.0)
+    return out
+
+
 # --------------------------------------------------------------------------------------------- idle rows
 class _Table(torch.nn.Module):
     """A per-category table (rows of 128 elements) feeding a linear layer: a batch touches only its rows."""

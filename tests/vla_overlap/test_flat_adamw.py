@@ -87,3 +87,15 @@ def test_untouched_rows_of_a_tracked_table_only_decay_with_the_stepped_result(po
     assert all(torch.equal(full["params"][n], resumed["params"][n]) for n in full["params"])
     assert result["ragged_tracked"] is False
     assert "touched must be a bool tensor of shape (3,)" in result["wrong_record"]
+
+
+def test_norm_parts_taken_in_the_backward_give_the_same_clipping_bit_for_bit(pool) -> None:
+    """EarlyNorm (one rank): each bucket's part of the clipping norm is taken as the bucket launches, with the
+    same kernel and combined the same way as when read after the backward, so norms and steps are equal; once
+    the buffers are reset the parts are stale and not used."""
+    (result,) = pool.run("early_norm", 1)
+    late, early = result["False"], result["True"]
+    assert early["used"] == 3 and late["used"] == 0
+    assert early["norms"] == late["norms"] and late["norms"][0] > 0.05  # the threshold clips
+    assert all(torch.equal(early["params"][name], value) for name, value in late["params"].items())
+    assert result["after_reset"] is None

@@ -349,3 +349,31 @@ def test_cast_kernel_equals_torch_bitwise(narrow: torch.dtype) -> None:
     assert not _kernel_applies(strided, source)
     cast_into(strided, source)
     assert torch.equal(strided, source.float())
+
+
+def test_norm_parts_taken_in_the_backward_equal_the_late_norm_with_the_triton_kernels(
+    nccl, monkeypatch
+) -> None:
+    """EarlyNorm at one rank on CUDA: each bucket's sum of squares taken on the comm stream as the bucket
+    launches, so the clipping norm and the steps equal those of the norm read after the backward."""
+    from vla_overlap import _flat_adamw
+
+    runs = []
+    for early in (False, True):
+        monkeypatch.setattr(_flat_adamw, "EARLY_NORM", early)
+        module = make(torch.bfloat16)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=100_000), process_group=nccl)
+        opt = DistributedAdamW(model, lr=1e-3, flat="triton")
+        assert (opt.flat.early is not None) == early
+        norms = []
+        for step in range(3):
+            model.zero_grad()
+            x, y = data(step, 0)
+            F.mse_loss(model(x.bfloat16()).float(), y).backward()
+            norms.append(opt.clip_grad_norm_(0.05))
+            opt.step()
+        torch.cuda.synchronize()
+        runs.append((torch.stack(norms), [p.detach().clone() for p in module.parameters()]))
+    (late_norms, late_params), (early_norms, early_params) = runs
+    assert torch.equal(early_norms, late_norms) and late_norms[0] > 0.05
+    assert all(torch.equal(a, b) for a, b in zip(early_params, late_params))

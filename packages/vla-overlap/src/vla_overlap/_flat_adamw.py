@@ -26,12 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._grad_norm import EarlyNorm, combine_parts, part_of_norm
 from ._remainders import decode, encode_
 
 if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+EARLY_NORM = (
+    False  # the clipping norm's parts taken in the backward (EarlyNorm, one rank); off until measured
+)
 BLOCK = 1024
 """Elements per block of the kernel (a block lies in one run). On an H200 over 1.62 B elements, with 4 warps:
 1024 -> 11.7 ms, 2048 (8 warps) -> 12.6, 4096 -> 16.7, 8192 -> 43.6 (register spills)."""
@@ -122,6 +126,7 @@ class FlatAdamW:
         self.padded: set[int] = set()  # pieces skipped by the last step
         self.tracks: list[dict[str, Any]] = []  # parameters whose untouched rows are idle (track_rows)
         self.kept = [flat for flat in self.buckets if flat["rem"] is not None]  # masters as remainders
+        self.early = EarlyNorm(self, opt._model._grads) if EARLY_NORM and opt._comm.size == 1 else None
         self.relink()
 
     def relink(self) -> None:
@@ -297,15 +302,12 @@ class FlatAdamW:
         return torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
 
     def grad_norm(self, norm_type: float) -> torch.Tensor:
-        """The norm of this rank's gradient shards (padding and pieces no one used are zero): one pass of
-        the sum-of-squares kernel per shard for the 2-norm on CUDA, torch's vector_norm otherwise."""
-        grads = [flat["grad"] for flat in self.buckets]
-        if self.kernel == "triton" and norm_type == 2.0:
-            from ._flat_adamw_kernel import sum_of_squares
-
-            return torch.stack([sum_of_squares(g) for g in grads]).sum().sqrt()
-        norms = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float32) for g in grads]
-        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+        """The norm of this rank's gradient shards (padding and unused pieces are zero), from one part per
+        shard (_grad_norm), or the same parts taken by EarlyNorm during the backward."""
+        if self.early is not None and (early := self.early.norm(norm_type)) is not None:
+            return early
+        parts = [part_of_norm(self, b, norm_type) for b in range(len(self.buckets))]
+        return combine_parts(self, torch.stack(parts), norm_type)
 
     @torch.no_grad()
     def step(self, coef: torch.Tensor | None, skipped: list[int] | tuple[int, ...] = ()) -> None:
