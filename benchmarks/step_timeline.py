@@ -1,7 +1,7 @@
 """One step of a profiled timeline: how busy each CUDA stream is, where the compute stream idles between
 kernels, and which kernels cost the most with the gap that follows each (what a CUDA graph's launches cost).
 
-    python benchmarks/step_timeline.py TRACE.json.gz [--start MS --stop MS] [--top 30]
+    python benchmarks/step_timeline.py TRACE.json.gz [--start MS --stop MS] [--top 30] [--bins MS] [--list]
 
 TRACE is a Chrome trace of graphed steps (`step_variants.py --rows profile=ours-full --trace DIR`, or a run's
 `trace_rank0.json.gz` from `logging.profile_steps`). Kernel families (GEMM, attention, ...) come from the
@@ -86,6 +86,32 @@ def summarize(events: list[dict], start: float, stop: float, main: int, top: int
     }  # fmt: skip
 
 
+def bins(events: list[dict], start: float, stop: float, main: int, width_ms: float) -> list[dict]:
+    """Per `width_ms` of the window: busy ms of the compute stream and of the others, and the compute kernels
+    that start in it. Shows where the streams take turns (thirteenth pass: the first 18 ms of a step)."""
+    width = width_ms * 1e3
+    rows = [{"from_ms": round(i * width_ms, 3), "compute_ms": 0.0, "other_ms": 0.0, "kernels": 0}
+            for i in range(int((stop - start) // width) + 1)]  # fmt: skip
+    for e in events:
+        if start <= e["ts"] < stop:
+            row = rows[int((e["ts"] - start) // width)]
+            row["compute_ms" if e["tid"] == main else "other_ms"] += e["dur"] / 1e3
+            row["kernels"] += e["tid"] == main
+    return [{**r, "compute_ms": round(r["compute_ms"], 3), "other_ms": round(r["other_ms"], 3)} for r in rows]
+
+
+def kernel_list(
+    events: list[dict], start: float, stop: float, main: int
+) -> list[tuple[float, float, float, str]]:
+    """Every compute-stream kernel of the window: (ms from its start, us long, us of gap before it, name)."""
+    compute = [e for e in events if start <= e["ts"] < stop and e["tid"] == main]
+    return [
+        ((e["ts"] - start) / 1e3, e["dur"], 0.0 if i == 0 else e["ts"] - compute[i - 1]["ts"] - compute[i - 1]["dur"],
+         e["name"])
+        for i, e in enumerate(compute)
+    ]  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
@@ -94,6 +120,8 @@ def main() -> None:
     )
     p.add_argument("--stop", type=float)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--bins", type=float, metavar="MS", help="also print each stream's busy time per MS ms")
+    p.add_argument("--list", action="store_true", help="also print every compute-stream kernel of the window")
     args = p.parse_args()
     events = load(args.trace)
     main_stream = collections.Counter(e["tid"] for e in events).most_common(1)[0][0]
@@ -103,10 +131,23 @@ def main() -> None:
         start, stop = step_window(events, main_stream)
     found = summarize(events, start, stop, main_stream, args.top)
     ranked = found.pop("top_with_gaps")
+    found["window_start_ms"] = round((start - events[0]["ts"]) / 1e3, 3)  # for --start/--stop inside it
     print(json.dumps(found, indent=1))
     print("kernels of the compute stream by time plus the gap after each (capped at 50 us): count, ms")
     for name, count, ms in ranked:
         print(f"{count:6d} {ms:8.3f}  {name}")
+    if args.bins:
+        print(
+            f"per {args.bins} ms of the window: from ms, compute stream busy ms, other streams busy ms, kernels"
+        )
+        for row in bins(events, start, stop, main_stream, args.bins):
+            print(
+                f"{row['from_ms']:8.2f} {row['compute_ms']:7.2f} {row['other_ms']:7.2f} {row['kernels']:6d}"
+            )
+    if args.list:
+        print("compute-stream kernels: ms from the window's start, us long, us of gap before, name")
+        for at, us, gap, name in kernel_list(events, start, stop, main_stream):
+            print(f"{at:9.3f} {us:8.1f} {gap:7.1f}  {name[:120]}")
 
 
 if __name__ == "__main__":

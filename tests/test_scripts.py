@@ -54,3 +54,17 @@ def test_step_timeline_reads_one_step_between_side_stream_starts(tmp_path) -> No
     assert found["compute_stream"]["kernels"] == 3
     assert found["by_family"]["memset"] == {"kernels": 1, "ms": 0.0, "gaps_after_ms": 0.0}  # 2 us rounds to 0
     assert found["top_with_gaps"][0] == ["nvjet_sm90_gemm", 1, 0.021]  # 20 us and the 1 us gap after it
+    assert step_timeline.bins(loaded, start, stop, main=1, width_ms=0.05) == [
+        {"from_ms": 0.0, "compute_ms": 0.021, "other_ms": 0.03, "kernels": 2},  # update, memset, GEMM
+        {"from_ms": 0.05, "compute_ms": 0.005, "other_ms": 0.0, "kernels": 1},  # the Triton kernel at 64 us
+        *(
+            {"from_ms": round(i * 0.05, 3), "compute_ms": 0.0, "other_ms": 0.0, "kernels": 0}
+            for i in range(2, 101)
+        ),
+    ]
+    listed = step_timeline.kernel_list(loaded, start, stop, main=1)
+    assert [(at, us, gap) for at, us, gap, _ in listed] == [
+        (0.04, 1.0, 0.0),
+        (0.043, 20.0, 2.0),
+        (0.064, 5.0, 1.0),
+    ]
