@@ -100,7 +100,6 @@ def launch_backward(
     lk, kv_heads = k.shape[1], k.shape[2]
     blocks = blocks or Blocks()
     d1, d2 = head_split(d)
-    dq = torch.empty_like(out)
     dk = torch.empty((b, lk, kv_heads, d), dtype=k.dtype, device=k.device)
     dv = torch.empty_like(dk)
     keep, smb = _mask_args(key_mask, q)
@@ -123,17 +122,23 @@ def launch_backward(
         num_stages=blocks.stages,
     )
     if lq <= blocks.m and kv_heads == heads:  # see _short_grads_kernel
-        split = (SPLIT_KEYS if split is None else split) and out.is_contiguous()  # parts are laid out as out
+        split = (SPLIT_KEYS if split is None else split) and out.is_contiguous()
         key_blocks = triton.cdiv(lk, blocks.n) if split else 1
-        parts = torch.empty((key_blocks, *out.shape), dtype=torch.float32, device=q.device) if split else dq
+        # split: each key block's fp32 part of dQ, laid out as out; else dQ itself
+        dq = (
+            torch.empty((key_blocks, *out.shape), dtype=torch.float32, device=q.device)
+            if split
+            else torch.empty_like(out)
+        )
         wrap_triton(kern._short_grads_kernel)[(key_blocks, b * heads) if split else (b * heads,)](
-            q, k, v, out, dout, lse, keep, parts, dk, dv, *strides, *dk.stride()[:3], out.numel(), *sizes,
+            q, k, v, out, dout, lse, keep, dq, dk, dv, *strides, *dk.stride()[:3], out.numel(), *sizes,
             SPLIT=split, **meta,
         )  # fmt: skip
-        return (parts.sum(0).to(dq.dtype) if split else dq), dk, dv
+        return (dq.sum(0).to(out.dtype) if split else dq), dk, dv
     wrap_triton(kern._key_grads_kernel)[(triton.cdiv(lk, blocks.n), b * kv_heads)](
         q, k, v, out, dout, lse, keep, dk, dv, *strides, *dk.stride()[:3], *sizes, **meta
     )
+    dq = torch.empty_like(out)
     wrap_triton(kern._query_grads_kernel)[(triton.cdiv(lq, blocks.m), b * heads)](
         q, k, v, out, dout, lse, keep, dq, *strides, *sizes, **meta
     )
