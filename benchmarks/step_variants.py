@@ -15,7 +15,7 @@ stack and eager for N steps with dropout off on identical batches and reports th
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
-`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-split-keys`, `-cast-context-once`, `-dit-unsplit-reductions`, `-early-norm`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
+`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-cast-context-per-block`, `-eager-glue`, `-dit-unsplit-reductions`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
 `-max-autotune` are measured variants of `ours-full` (_step_patches.py); so are the probes `-no-reuse` and
 `-wgrad-stream` (weight-gradient GEMMs on a side stream, _wgrad_stream_probe.py), which must run last.
 `ours-serial` runs the flat update on the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
@@ -24,6 +24,7 @@ grouped GEMMs. `ours-full-one-embodiment` puts every sample in one embodiment sl
 other slots' table rows), `-stepped` without that skip. `ours-full-fp8` adds FP8 GEMMs for the frozen prefix (optimizations.fp8_frozen);
 `ours-full-fp32-masters` steps fp32 masters instead of bf16 weight + remainder (optimizations.param_remainders);
 `ours-full-sdpa-attention` runs the DiT's attention on SDPA instead of our Triton kernels;
+`ours-full-unstaged-update` waits for the whole update before the first trainable block (optimizations.staged_update);
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
 
@@ -70,6 +71,8 @@ ROWS["ours-full-one-embodiment-stepped"] = [*ROWS["ours-full"], "optimizations.s
 ROWS["ours-full-fp32-masters"] = [*ROWS["ours-full"], "optimizations.param_remainders=false"]
 # the DiT's attention on SDPA (cuDNN for cross, memory-efficient for self) instead of our Triton kernels
 ROWS["ours-full-sdpa-attention"] = [*ROWS["ours-full"], "optimizations.triton_attention=off"]
+# the whole update before the first trainable block (before the fourteenth pass), not one stage per block
+ROWS["ours-full-unstaged-update"] = [*ROWS["ours-full"], "optimizations.staged_update=false"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]
 
@@ -138,6 +141,7 @@ def _parts(cfg, env, batches: list[dict]):
         load_model=_gr00t.load_model_in_place, flops_per_sample=flops, tokens_per_sample=tokens,
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device), frozen_prefix=model.frozen_prefix,
         compile_model=model.compile_blocks, row_tables=(_gr00t.embodiment_tables(model), "embodiment_id"),
+        update_stages=model.repeated_blocks,
     )  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 Rows (cumulative, gr00t_train._bench.LADDER): the LeRobot-style baseline (a torch DataLoader with workers,
 eager, torch DDP, foreach AdamW, autocast) -> + vla-io pipeline -> + overlap -> + fused AdamW -> + CUDA graphs
 -> + compiled blocks -> + bf16 weights -> + optimizer overlap -> + one-pass optimizer kernel -> + grouped
-embodiment GEMMs -> + FP8 frozen prefix (the stretch row: it changes the numerics). Same model,
+embodiment GEMMs -> + untouched table rows skipped -> + master remainders -> + Triton DiT attention -> + staged
+update -> + FP8 frozen prefix (the stretch row: it changes the numerics). Same model,
 data, device and steps in every row; each row prints samples/s, MFU (analytic FLOPs from gr00t_model against
 the GPU's datasheet dense bf16 peak), the step breakdown and its speedup over the baseline. The baseline is
 host-bound and varies between runs: it runs `--baseline-runs` times and the median counts.

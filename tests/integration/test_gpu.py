@@ -179,3 +179,21 @@ def test_untouched_embodiment_rows_skipped_by_the_update_train_as_stepped_ones(
         assert not torch.equal(after[touched], before[touched]), flag  # the used slot trained
     for step, value in runs["false"].items():
         assert abs(runs["true"][step] - value) <= 1e-3 * abs(value), (step, runs["true"][step], value)
+
+
+def test_the_update_in_stages_trains_as_in_one_pass(dataset, tmp_path, train_args, losses) -> None:
+    """optimizations.staged_update: each trainable block waits for its own stage of the update instead of the
+    whole update; the same kernel steps the same blocks, so the losses of 8 steps agree (1e-3 relative leaves
+    room for run-to-run differences of the attention backward), and the trainer staged every trainable block."""
+    sets = (*_FLAT_STEP_ONE_GPU, "optimizations.compile=off")
+    runs, hooks = {}, {}
+    for flag in ("true", "false"):
+        trainer, _ = _run(dataset, tmp_path / flag, train_args, *sets, f"optimizations.staged_update={flag}",
+                          dropout=False)  # fmt: skip
+        runs[flag] = losses(tmp_path / flag)
+        hooks[flag] = trainer.model.updates._stages
+    model = trainer.parts.model
+    trainable = [m for m in model.repeated_blocks() if any(p.requires_grad for p in m.parameters())]
+    assert len(hooks["true"]) == len(trainable) + 1 and hooks["false"] == []
+    for step, value in runs["false"].items():
+        assert abs(runs["true"][step] - value) <= 1e-3 * abs(value), (step, runs["true"][step], value)

@@ -175,34 +175,32 @@ def narrow_grads(ctx: Any, steps: int = 3) -> dict[str, Any]:
     return out
 
 
-def early_norm(ctx: Any, steps: int = 3) -> dict[str, Any]:
-    """The clipping norm's parts taken as each bucket launches in the backward (EarlyNorm) vs read after it,
-    at one rank, with clipping; then whether the parts count as stale once the buffers are reset."""
-    from vla_overlap import _flat_adamw
-
+def staged_update(ctx: Any, steps: int = 3) -> dict[str, Any]:
+    """The update in stages (DistributedAdamW.stage_update: stage k + 1 = block k, stage 0 the rest), in one
+    stage, and not staged, at one rank with clipping; at each stage's mark, a copy of every parameter."""
     out: dict[str, Any] = {}
-    for early in (False, True):
-        _flat_adamw.EARLY_NORM = early
-        try:
-            module = bf16_model(mixed=True)
-            model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
-            opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": "torch"})
-        finally:
-            _flat_adamw.EARLY_NORM = False
-        used = []
-        if opt.flat.early is not None:
-            norm = opt.flat.early.norm
-            opt.flat.early.norm = lambda p, norm=norm, used=used: used.append(norm(p)) or used[-1]
+    for how in ("plain", "one stage", "staged"):
+        module = make_model(dtype=torch.bfloat16, d=64)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=6000), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW, "flat": "torch"})
+        marks: list[tuple[int, dict[str, torch.Tensor]]] = []
+
+        class Fences:  # what stage_update drives on an UpdateStream
+            def add_stages(self, count: int) -> None:
+                self.count = count
+
+            def mark_stage(self, stage: int, marks=marks, module=module) -> None:
+                marks.append((stage, params_of(module)))
+
+        fences = Fences()
+        if how != "plain":
+            stages = [list(block.parameters()) for block in module.blocks] if how == "staged" else []
+            assert opt.stage_update(stages, fences)
         norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), 1, autocast=True, clip=0.05,
                           dtype=torch.bfloat16)  # fmt: skip
-        out[str(early)] = {
-            "params": params_of(module),
-            "norms": norms,
-            "used": sum(n is not None for n in used),
-        }
-        if early:
-            model.zero_grad()
-            out["after_reset"] = opt.flat.early.norm(2.0)
+        masters = [m.clone() for m in opt.masters]
+        out[how] = {"params": params_of(module), "norms": norms, "marks": marks, "masters": masters,
+                    "count": getattr(fences, "count", None)}  # fmt: skip
     return out
 
 

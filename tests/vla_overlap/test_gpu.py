@@ -216,7 +216,8 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(
     few fp32 ulps after one step. With idle blocks (rows that never had a gradient, FlatAdamW.track_rows),
     those blocks hold zero gradients and moments and only decay: row 0's factor < 1 (the same single multiply
     in both), row 1's factor 1 (the kernel writes nothing; the bf16 copy already equals the master)."""
-    from vla_overlap._flat_adamw import BLOCK, _torch_step, _triton_step, plan_blocks
+    from vla_overlap._flat_adamw import BLOCK, plan_blocks
+    from vla_overlap._flat_adamw_steps import torch_step, triton_step
 
     assert BLOCK == 1024
     blocks, planned_align = plan_blocks(runs, length)
@@ -247,8 +248,8 @@ def test_flat_adamw_triton_kernel_equals_its_torch_arithmetic(
     table = torch.tensor([[1 - 1e-3 * 0.1, 0.9, 0.999, 1e-8, 1e-3 / 0.1, (1 - 0.999) ** 0.5, 0, 0],
                           [1.0, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
     coef = torch.tensor(0.5, device="cuda")
-    _torch_step(flats[0], table, coef, idle)
-    _triton_step(flats[1], table, coef, idle)
+    torch_step(flats[0], table, coef, idle)
+    triton_step(flats[1], table, coef, idle)
     for key in ("master", "exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(flats[1][key], flats[0][key], rtol=2e-6, atol=1e-7, msg=key)
         assert torch.equal(flats[1][key][gaps], flats[0][key][gaps]), key  # padding: untouched, or zero
@@ -272,7 +273,8 @@ def test_flat_adamw_triton_kernel_with_remainders_steps_as_the_plain_kernel(with
     bitwise equal and so are the parameters (the plain kernel's bf16 cast rounds to nearest even, as the
     encoder does); the decoded masters equal the plain ones except at exact rounding ties, moved one ulp.
     2^22 elements: about 64 ties among the outputs."""
-    from vla_overlap._flat_adamw import _triton_step, plan_blocks
+    from vla_overlap._flat_adamw import plan_blocks
+    from vla_overlap._flat_adamw_steps import triton_step
     from vla_overlap._remainders import decode, encode_
 
     length = 1 << 22
@@ -299,7 +301,7 @@ def test_flat_adamw_triton_kernel_with_remainders_steps_as_the_plain_kernel(with
                           [1 - 1e-3, 0.8, 0.99, 1e-6, 2e-3 / 0.2, (1 - 0.99) ** 0.5, 0, 0]], device="cuda")  # fmt: skip
     coef = torch.tensor(0.5, device="cuda")
     for flat in flats:
-        _triton_step(flat, table, coef, idle)
+        triton_step(flat, table, coef, idle)
     plain, kept = flats
     assert torch.equal(kept["master"], base["master"])  # not read or written with remainders
     for key in ("exp_avg", "exp_avg_sq", "out"):
@@ -351,29 +353,36 @@ def test_cast_kernel_equals_torch_bitwise(narrow: torch.dtype) -> None:
     assert torch.equal(strided, source.float())
 
 
-def test_norm_parts_taken_in_the_backward_equal_the_late_norm_with_the_triton_kernels(
-    nccl, monkeypatch
-) -> None:
-    """EarlyNorm at one rank on CUDA: each bucket's sum of squares taken on the comm stream as the bucket
-    launches, so the clipping norm and the steps equal those of the norm read after the backward."""
-    from vla_overlap import _flat_adamw
+def test_staged_update_holds_each_layer_back_until_its_stage_is_stepped(nccl) -> None:
+    """stage_update with the Triton step on an UpdateStream: a reader on the compute stream that waits for
+    stage k (while the update, slowed down on purpose, is still running) copies layer k's parameters after
+    their step; and the staged step equals the one-pass step bit for bit (the same kernel on the same blocks,
+    in another order and more launches)."""
+    from vla_overlap import UpdateStream
 
     runs = []
-    for early in (False, True):
-        monkeypatch.setattr(_flat_adamw, "EARLY_NORM", early)
+    for staged in (False, True):
         module = make(torch.bfloat16)
         model = OverlapDataParallel(module, OverlapConfig(bucket_elements=100_000), process_group=nccl)
         opt = DistributedAdamW(model, lr=1e-3, flat="triton")
-        assert (opt.flat.early is not None) == early
-        norms = []
+        updates = UpdateStream("cuda")
+        if staged:  # unstaged, wait_stage(k) waits for the whole update
+            assert opt.stage_update([list(layer.parameters()) for layer in module.layers], updates)
         for step in range(3):
             model.zero_grad()
             x, y = data(step, 0)
             F.mse_loss(model(x.bfloat16()).float(), y).backward()
-            norms.append(opt.clip_grad_norm_(0.05))
-            opt.step()
-        torch.cuda.synchronize()
-        runs.append((torch.stack(norms), [p.detach().clone() for p in module.parameters()]))
-    (late_norms, late_params), (early_norms, early_params) = runs
-    assert torch.equal(early_norms, late_norms) and late_norms[0] > 0.05
-    assert all(torch.equal(a, b) for a, b in zip(early_params, late_params))
+            with updates.side():
+                opt.clip_grad_norm_(0.05)
+                torch.cuda._sleep(20_000_000)  # tens of milliseconds: a missing wait would copy old weights
+                opt.step()
+            copies = []
+            for k, layer in enumerate(module.layers, start=1):
+                updates.wait_stage(k)
+                copies.append([p.detach().clone() for p in layer.parameters()])
+            updates.wait()
+            torch.cuda.synchronize()
+            for layer, copy in zip(module.layers, copies):
+                assert all(torch.equal(a, p) for a, p in zip(copy, layer.parameters())), (staged, step)
+        runs.append([p.detach().clone() for p in module.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

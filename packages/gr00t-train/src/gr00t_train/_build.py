@@ -75,5 +75,6 @@ def model_parts(cfg: TrainConfig, env: DistEnv, model, source, save, flops, toke
         draw=_gr00t.make_draw(model, cfg.data.batch_size, env.device),
         frozen_prefix=model.frozen_prefix,
         compile_model=model.compile_blocks,
+        update_stages=model.repeated_blocks,  # the frozen ones hold nothing to stage and are left out
         row_tables=(_gr00t.embodiment_tables(model), "embodiment_id"),
     )

@@ -235,6 +235,11 @@ class OptimizationsConfig(_Section):
     optimizer_overlap: bool = False
     """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
     frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
+    staged_update: bool = True
+    """With optimizer_overlap and the flat optimizer at one GPU: step the parameters in the order the forward
+    first reads them, a fence after each trainable block, so each block waits only for its own parameters and
+    the update's tail runs beside the first trainable layers (vla-overlap's `stage_update`); the same
+    arithmetic, bitwise, in another order."""
     grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """The dtype gradients travel in between ranks (bfloat16: half the bytes); they accumulate in fp32 either
     way. Not with comm=ddp."""

@@ -66,6 +66,10 @@ class TrainParts:
     frozen_prefix: Callable[[Batch], Any] | None = None
     """The part of a microbatch's forward that reads no trainable parameter (None when nothing qualifies):
     with the optimizer overlapped, it runs before the step waits for the update."""
+    update_stages: Callable[[], list[nn.Module]] | None = None
+    """Modules in the order the forward first calls them, each reading its trainable parameters only inside its
+    own forward (e.g. the trainable repeated blocks): with the optimizer overlapped, the update steps their
+    parameters in that order and each waits only for its own (optimizations.staged_update)."""
     compile_model: Callable[[], int] | None = None
     """torch.compile the model's repeated blocks in place; returns how many (None: not supported)."""
     row_tables: tuple[list[nn.Parameter], str] | None = None

@@ -195,8 +195,9 @@ class Trainer:
         model.note_rows(batch)
         if model.updates is not None and parts.frozen_prefix is not None:
             prefix = parts.frozen_prefix(batch)  # reads no trainable weight: overlaps the update
-            model.updates.wait()
+            model.updates.wait_stage(0)  # staged (staged_update): each block then waits for its own stage
             loss = parts.loss_fn(model.module, batch, prefix)
+            model.updates.wait()  # the whole update and the gradients' zeroing: the backward writes them
         else:
             model.wait_for_update()
             loss = parts.loss_fn(model.module, batch)  # precision (autocast) is the model's own business

@@ -26,16 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._grad_norm import EarlyNorm, combine_parts, part_of_norm
+from ._flat_adamw_steps import torch_step, triton_step
+from ._grad_norm import combine_parts, part_of_norm
 from ._remainders import decode, encode_
+from ._update_stages import split_by_stage
 
 if TYPE_CHECKING:
     from ._optimizer import DistributedAdamW
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
-EARLY_NORM = (
-    False  # the clipping norm's parts taken in the backward (EarlyNorm, one rank); off until measured
-)
 BLOCK = 1024
 """Elements per block of the kernel (a block lies in one run). On an H200 over 1.62 B elements, with 4 warps:
 1024 -> 11.7 ms, 2048 (8 warps) -> 12.6, 4096 -> 16.7, 8192 -> 43.6 (register spills)."""
@@ -126,7 +125,8 @@ class FlatAdamW:
         self.padded: set[int] = set()  # pieces skipped by the last step
         self.tracks: list[dict[str, Any]] = []  # parameters whose untouched rows are idle (track_rows)
         self.kept = [flat for flat in self.buckets if flat["rem"] is not None]  # masters as remainders
-        self.early = EarlyNorm(self, opt._model._grads) if EARLY_NORM and opt._comm.size == 1 else None
+        self.stage_of_slot: dict[int, int] = {}  # set_stages: the update in stages, a fence after each
+        self.stage_count, self.on_stage = 1, None
         self.relink()
 
     def relink(self) -> None:
@@ -280,6 +280,18 @@ class FlatAdamW:
                 inside = s < len(spans) and spans[s][0] <= start
                 index.append(spans[s][2] if inside else 0)
             flat["idle_index"] = torch.tensor(index, dtype=torch.int64).to(device)
+        if self.on_stage is not None:
+            stage = self.stage_of_slot
+            pieces = [(p.shard_start, p.shard_start + p.numel, stage.get(p.slot, 0))
+                      for b, p, _ in sorted(self.opt.pieces, key=lambda x: x[1].shard_start) if b == bucket]  # fmt: skip
+            flat["stages"] = split_by_stage(flat, pieces, self.stage_count)
+
+    def set_stages(self, stage_of_slot: dict[int, int], count: int, on_stage) -> None:
+        """Step the parameters in `count` stages (_update_stages), stage k holding the slots that
+        `stage_of_slot` maps to k (0 for the rest); `on_stage(k)` is called after each stage's kernels."""
+        self.stage_of_slot, self.stage_count, self.on_stage = stage_of_slot, count, on_stage
+        for bucket in range(len(self.buckets)):
+            self._rebuild_runs(bucket)
 
     def write_steps(self) -> None:
         """Put the step counts where torch keeps them (per parameter), for state dicts."""
@@ -303,9 +315,7 @@ class FlatAdamW:
 
     def grad_norm(self, norm_type: float) -> torch.Tensor:
         """The norm of this rank's gradient shards (padding and unused pieces are zero), from one part per
-        shard (_grad_norm), or the same parts taken by EarlyNorm during the backward."""
-        if self.early is not None and (early := self.early.norm(norm_type)) is not None:
-            return early
+        shard (_grad_norm)."""
         parts = [part_of_norm(self, b, norm_type) for b in range(len(self.buckets))]
         return combine_parts(self, torch.stack(parts), norm_type)
 
@@ -321,10 +331,16 @@ class FlatAdamW:
                 self.lags[i] += 1
             self._relabel(set(skipped))
         table = self.table(self.opt.masters[0].device)
-        run = _triton_step if self.kernel == "triton" else _torch_step
+        run = triton_step if self.kernel == "triton" else torch_step
         flags = self.idle_flags()  # once per step, for every bucket
-        for flat in self.buckets:
-            run(flat, table, coef, self.idle_blocks(flat, flags))
+        for k in range(self.stage_count):
+            for flat in self.buckets:
+                narrow = flat["stages"][k] if self.on_stage is not None else {}
+                if narrow is not None:
+                    part = {**flat, **narrow}  # the stage's blocks of this bucket
+                    run(part, table, coef, self.idle_blocks(part, flags))
+            if self.on_stage is not None:
+                self.on_stage(k)
         self.masters_behind = bool(self.kept)
 
     # ------------------------------------------------------------------------------------- remainders
@@ -346,43 +362,3 @@ class FlatAdamW:
         for flat in self.kept:
             flat["rem"].zero_()
         self.masters_behind = False
-
-
-def _torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
-                idle: torch.Tensor | None) -> None:  # fmt: skip
-    """The kernel's arithmetic in torch ops (torch AdamW's order of operations), run by run (block by block
-    where rows are tracked: an idle block only decays)."""
-    if idle is None:
-        pieces = [(start, end, row, False) for start, end, row in flat["runs"]]
-    else:  # blocks may run into the zero padding after a parameter, which AdamW keeps at zero
-        blocks = zip(flat["blocks"].tolist(), idle.tolist())
-        pieces = [(start, start + length, row, skip) for (start, length, row), skip in blocks]
-    rem = flat.get("rem")
-    for start, end, row, skip in pieces:
-        decay, beta1, beta2, eps, step_size, bc2 = table[row, :6].unbind()
-        window = slice(start, end)
-        # with remainders the master is decoded, stepped, and written back as parameter and remainder
-        p = flat["master"][window] if rem is None else decode(flat["out"][window], rem[window])
-        if skip:
-            p.mul_(decay)
-        else:
-            m, v = flat["exp_avg"][window], flat["exp_avg_sq"][window]
-            g = flat["grad"][window].float()  # bf16 gradients are read in place (exact widening)
-            g = g if coef is None else g * coef
-            p.mul_(decay)
-            m.lerp_(g, 1 - beta1)
-            v.mul_(beta2).add_((1 - beta2) * g * g)
-            p.sub_(step_size * m / (v.sqrt() / bc2 + eps))
-        if rem is not None:
-            encode_(p, flat["out"][window], rem[window])
-        elif flat["out"] is not None:
-            flat["out"][window].copy_(p)
-
-
-def _triton_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
-                 idle: torch.Tensor | None) -> None:  # fmt: skip
-    from ._flat_adamw_kernel import adamw_flat
-
-    adamw_flat(flat["master"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"], flat["out"],
-               flat["blocks"], table, coef, align=flat.get("align", 1), idle=idle,
-               remainder=flat.get("rem"))  # fmt: skip

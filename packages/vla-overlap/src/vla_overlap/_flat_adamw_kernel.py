@@ -1,4 +1,4 @@
-"""The Triton kernel of FlatAdamW (imported only on CUDA with Triton; the arithmetic is _flat_adamw._torch_step's)."""
+"""The Triton kernel of FlatAdamW (imported only on CUDA with Triton; the arithmetic is _flat_adamw_steps.torch_step's)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ bucket waits for all lower-numbered buckets to launch first; `launch_all()` laun
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,9 +51,6 @@ class GradBuckets(BucketedBuffers):
             self.data[s.buffer][s.start : s.start + s.numel].view(shape)
             for s, shape in zip(layout.slots, shapes)
         ]
-        self.on_launch: Callable[[int], None] | None = None
-        """Called with each bucket's index as it launches, on the comm stream and at one rank only (the
-        bucket's gradient is then final): work that should follow each bucket inside the backward."""
         self._handles: list[Any] = [None] * len(layout.buckets)
         self._missing = [len(b.slots) for b in layout.buckets]
         self._ready = [False] * len(layout.slots)
@@ -97,8 +93,6 @@ class GradBuckets(BucketedBuffers):
                 self._handles[bucket] = self.comm.reduce_scatter(self._own(bucket, view), view)
             else:
                 self._handles[bucket] = self.comm.all_reduce(view)
-            if self.on_launch is not None and self.comm.size == 1:
-                self.on_launch(bucket)
         self._next += 1
 
     def _own(self, bucket: int, flat: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ from torch import nn
 
 from ._flat_adamw import FlatAdamW, flat_supported
 from ._state import gather_state_dict, scatter_state_dict
+from ._update_stream import UpdateStream
 from ._wrapper import OverlapDataParallel
 
 _OWN_MASTERS = (torch.float32, torch.float64)
@@ -159,6 +160,26 @@ class DistributedAdamW(torch.optim.Optimizer):
                 f"{touched.dtype} {tuple(touched.shape)} on {touched.device}"
             )
         return self.flat is not None and self.flat.track_rows(slot, param.shape[0], touched)
+
+    def stage_update(self, stages: Sequence[Sequence[nn.Parameter]], updates: UpdateStream) -> bool:
+        """Step the parameters in stages, in the order the forward first reads them: stage 0 is every
+        parameter not in `stages`, stage k the parameters of `stages[k - 1]`. The update marks `updates`'
+        fence of each stage as it completes (`UpdateStream.wait_stage(k)` then waits for stages 0..k), with
+        the same arithmetic as one pass. Only at one rank with the flat step (at more ranks, parameters
+        arrive by a gather after the whole update); returns whether the update is staged."""
+        if self.flat is None or self._comm.size != 1:
+            return False
+        stage_of_slot = {}
+        for k, params in enumerate(stages, start=1):
+            for p in params:
+                if id(p) not in self._model._slot_of:
+                    raise ValueError(
+                        f"stage_update: a parameter of shape {tuple(p.shape)} is not stepped here"
+                    )
+                stage_of_slot[self._model._slot_of[id(p)]] = k
+        updates.add_stages(len(stages) + 1)
+        self.flat.set_stages(stage_of_slot, len(stages) + 1, updates.mark_stage)
+        return True
 
     def _make_flat(self, flat: str | None, remainders: bool) -> FlatAdamW | None:
         """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""

@@ -8,6 +8,10 @@ becomes an event-wait node, so a replayed graph waits for the latest update issu
 
 On CPU (or any non-CUDA device) there are no streams: everything runs in program order and `wait()` is a no-op.
 
+Stages (`add_stages`, DistributedAdamW.stage_update): the update marks a fence after each stage of parameters
+(`mark_stage`), in the order the forward first reads them, and each layer waits only for its own stage
+(`wait_stage`), so the update's tail runs beside the first trainable layers instead of before them.
+
     updates = UpdateStream(device)
     sync = updates.grad_sync(model.grad_sync)   # zero() runs on the side stream, after the update
     ...                                         # step: frozen work; updates.wait(); trainable fwd + bwd
@@ -37,6 +41,29 @@ class UpdateStream:
         self._stream = torch.cuda.Stream(device) if cuda else None
         self._fence = torch.cuda.Event(external=True) if cuda else None
         self._recorded = False
+        self._stages: list[torch.cuda.Event] = []
+
+    def add_stages(self, count: int) -> None:
+        """Fences for `count` stages of the update. Each is recorded once now (it passes at once), so a wait
+        captured in a CUDA graph before the first update still becomes a node that waits on later records."""
+        if self._stream is None:
+            return
+        self._stages = [torch.cuda.Event(external=True) for _ in range(count)]
+        for fence in self._stages:
+            fence.record(self._stream)
+
+    def mark_stage(self, stage: int) -> None:
+        """Inside `side()`: the update's work issued so far completes stage `stage`."""
+        if self._stages:
+            self._stages[stage].record(torch.cuda.current_stream(self.device))
+
+    def wait_stage(self, stage: int) -> None:
+        """Make the current stream wait for the update's stages up to `stage` (graph-safe, as `wait()`);
+        without stages, for the whole update."""
+        if not self._stages:
+            self.wait()
+        else:
+            torch.cuda.current_stream(self.device).wait_event(self._stages[stage])
 
     @contextmanager
     def side(self) -> Iterator[None]:

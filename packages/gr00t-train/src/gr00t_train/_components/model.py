@@ -50,6 +50,8 @@ class ModelComponent:
         """Which rows of TrainParts.row_tables a batch has touched (the optimizer skips the others), or None."""
         self.updates = vla_overlap.UpdateStream(env.device) if cfg.optimizations.optimizer_overlap else None
         """The optimizer's side stream (optimizations.optimizer_overlap), else None."""
+        self._stage_hooks = _stage_update(cfg, parts, self.plan.optimizer, self.updates)
+        """Forward pre-hooks making each staged block wait for its stage of the update (staged_update)."""
         self.graphed_step = _graphed_step(cfg, parts, self.plan, microbatch_step, phase, self.updates)
         self.schedule = CosineSchedule.from_config(cfg.optim, cfg.steps)
 
@@ -112,6 +114,8 @@ class ModelComponent:
         """Free the captured graphs (they hold the NCCL collectives they captured: a communicator that live
         graphs still use hangs when destroyed). The next call captures again."""
         self.graphed_step.reset()
+        for hook in self._stage_hooks:  # the model may outlive this trainer (a benchmark's next row)
+            hook.remove()
         if self.env.device.type == "cuda":
             torch.cuda.synchronize(self.env.device)
 
@@ -134,6 +138,27 @@ def _track_rows(cfg: TrainConfig, parts: TrainParts, env: DistEnv, optimizer) ->
         return None, None
     log.info("optimizer: %d table parameters skip the rows no batch has touched", tracked)
     return touched, key
+
+
+def _stage_update(cfg: TrainConfig, parts: TrainParts, optimizer, updates) -> list:
+    """With the optimizer overlapped, the update in stages (optimizations.staged_update): stage 0 the
+    parameters outside TrainParts.update_stages' trainable modules, then one stage per module in forward
+    order; each module's forward first waits for its stage. Returns the hooks (none where not staged: more
+    than one rank, no flat step, or nothing to stage)."""
+    if updates is None or not cfg.optimizations.staged_update or parts.update_stages is None:
+        return []
+    if not isinstance(optimizer, vla_overlap.DistributedAdamW):
+        return []
+    modules = [m for m in parts.update_stages() if any(p.requires_grad for p in m.parameters())]
+    stages = [[p for p in m.parameters() if p.requires_grad] for m in modules]
+    if not modules or not optimizer.stage_update(stages, updates):
+        return []
+    log.info(
+        "optimizer: the update in %d stages, each trainable block waiting only for its own", len(stages) + 1
+    )
+    return [
+        m.register_forward_pre_hook(lambda *_, k=k: updates.wait_stage(k)) for k, m in enumerate(modules, 1)
+    ]
 
 
 def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv) -> int:
