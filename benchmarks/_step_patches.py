@@ -100,16 +100,15 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-capture-default-priority": lambda: mock.patch.dict(
         "vla_graph._device._CAPTURE_STREAMS", {torch.cuda.current_device(): torch.cuda.Stream(priority=0)}
     ),
-    # the DiT attention's one-tile backward with one program per key block and head, its dQ parts summed after
-    # (gr00t_model._attention_op.SPLIT_KEYS; built in the thirteenth pass, not measured yet)
-    "ours-full-split-keys": lambda: mock.patch("gr00t_model._attention_op.SPLIT_KEYS", True),
-    # the DiT's VL context cast once for all cross blocks, its gradient summed in one compiled pass
-    # (gr00t_model._context_cast.CAST_ONCE; built in the thirteenth pass, not measured yet)
-    "ours-full-cast-context-once": lambda: mock.patch("gr00t_model._context_cast.CAST_ONCE", True),
-    # the clipping norm's parts taken in the backward as each gradient bucket launches, on the comm stream,
-    # instead of a pass over all gradients on the optimizer's stream (vla_overlap._flat_adamw.EARLY_NORM,
-    # _grad_norm.EarlyNorm; built in the thirteenth pass, not measured yet)
-    "ours-full-early-norm": lambda: mock.patch("vla_overlap._flat_adamw.EARLY_NORM", True),
+    # the patch embedding, the connector and the image tokens' placement eager (gr00t_model
+    # Backbone.once_per_step; before the fourteenth pass: compile_blocks compiled only the repeated blocks)
+    "ours-full-eager-glue": lambda: mock.patch(
+        "gr00t_model._backbone.Backbone.once_per_step", lambda self: []
+    ),
+    # the DiT's VL context cast by each cross block's projections under autocast, instead of once for all
+    # cross blocks with its gradient summed in one compiled pass (gr00t_model._context_cast.CAST_ONCE; before
+    # the fourteenth pass)
+    "ours-full-cast-context-per-block": lambda: mock.patch("gr00t_model._context_cast.CAST_ONCE", False),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32

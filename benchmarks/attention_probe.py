@@ -119,10 +119,6 @@ def triton_variants(name, d, valid):
         blocks = op.Blocks(*fwd), op.Blocks(*bwd)
         fn = _triton_fn(op, key_mask, kind == "causal", d**-0.5, blocks)
         rows[f"triton {'/'.join(map(str, fwd))} bwd {'/'.join(map(str, bwd))}"] = fn
-        if SHAPES[name][2] <= bwd[0]:  # all queries in one tile: the backward split per key block as well
-            rows[f"triton {'/'.join(map(str, fwd))} bwd {'/'.join(map(str, bwd))} split keys"] = _triton_fn(
-                op, key_mask, kind == "causal", d**-0.5, blocks, split=True
-            )
         if name == "siglip2":  # 72 = 64 + 8 split miscompiled: 80-wide heads (zero weights) as 64 + 16 tiles
             rows[f"triton {'/'.join(map(str, fwd))} on 80-wide inputs"] = lambda q, k, v, fn=fn: fn(
                 *padded(80, q, k, v)
@@ -134,7 +130,7 @@ def triton_variants(name, d, valid):
     return rows
 
 
-def _triton_fn(op, key_mask, causal, scale, blocks, split=False):
+def _triton_fn(op, key_mask, causal, scale, blocks):
     class Attention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
@@ -145,7 +141,7 @@ def _triton_fn(op, key_mask, causal, scale, blocks, split=False):
         @staticmethod
         def backward(ctx, dout):
             q, k, v, out, lse = ctx.saved_tensors
-            return op.launch_backward(dout, q, k, v, out, lse, key_mask, causal, scale, blocks[1], split)
+            return op.launch_backward(dout, q, k, v, out, lse, key_mask, causal, scale, blocks[1])
 
     def call(q, k, v):
         return Attention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)

@@ -221,25 +221,16 @@ def _query_grads_kernel(
 @triton.jit
 def _short_grads_kernel(
     Q, K, V, OUT, DO, LSE, KEEP, DQ, DK, DV,
-    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, sdb, sds, sdh, smb, sgb, sgs, sgh, s_split,
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, sdb, sds, sdh, smb, sgb, sgs, sgh,
     heads, groups, lq, lk, dim,
     SCALE: tl.constexpr, SCALE2: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """dQ, dK and dV of one head, where all queries fit one tile (lq <= BLOCK_M) and every query head has its
-    own key/value head: each key block's dK and dV are then complete after one pass over it, and no score is
-    recomputed. One program per head walks the key blocks and sums dQ in registers; with SPLIT, one program
-    per key block and head writes its part of dQ (fp32, scaled) to DQ[key block] (stride s_split), for the
-    caller to sum: more programs where the heads alone do not fill the GPU."""
-    if SPLIT:
-        bh = tl.program_id(1)
-        lo = tl.program_id(0) * BLOCK_N
-        hi = tl.minimum(lk, lo + BLOCK_N)
-    else:
-        bh = tl.program_id(0)
-        lo = 0
-        hi = lk
+    """dQ, dK and dV of one head in one program, where all queries fit one tile (lq <= BLOCK_M) and every
+    query head has its own key/value head: each key block's dK and dV are then complete after one pass, and
+    dQ sums over the blocks in registers. One launch instead of two, and no score is recomputed."""
+    bh = tl.program_id(0)
     b, h = bh // heads, bh % heads
     rows = tl.arange(0, BLOCK_M)
     d1 = tl.arange(0, D1)
@@ -256,7 +247,7 @@ def _short_grads_kernel(
         dq2 = tl.zeros([BLOCK_M, D2], tl.float32)
     lse = tl.load(LSE + bh * lq + rows, mask=rows < lq, other=float("inf"))
     delta = _delta(do_base, o_base, rows, sds, sos, lq, d1, dim, D2, d2)
-    for start in range(lo, hi, BLOCK_N):
+    for start in range(0, lk, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k1, v1 = _tile(k_base, cols, sks, lk, d1, dim), _tile(v_base, cols, svs, lk, d1, dim)
         s = tl.dot(q1, tl.trans(k1))
@@ -281,8 +272,6 @@ def _short_grads_kernel(
             tl.store(dk_base + at + d2[None, :], dk2.to(DK.dtype.element_ty), mask=dmask)
             dq2 = tl.dot(ds, k2, dq2)
     at = DQ + b * sob + h * soh + rows[:, None] * sos
-    if SPLIT:
-        at += tl.program_id(0).to(tl.int64) * s_split
     tl.store(at + d1[None, :], (dq1 * SCALE).to(DQ.dtype.element_ty), mask=rows[:, None] < lq)
     if D2 > 0:
         dmask = (rows[:, None] < lq) & (d2[None, :] < dim)

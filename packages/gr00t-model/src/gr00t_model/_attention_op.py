@@ -85,21 +85,16 @@ def launch_forward(q, k, v, key_mask, causal: bool, scale: float, blocks: Blocks
     return out, lse
 
 
-SPLIT_KEYS = False
-"""Where all queries fit one tile, one backward program per key block and head (their dQ parts summed after)
-instead of one per head (see _short_grads_kernel). Off until measured on a GPU."""
-
-
 def launch_backward(
-    dout, q, k, v, out, lse, key_mask, causal: bool, scale: float, blocks: Blocks | None = None,
-    split: bool | None = None,
-):  # fmt: skip
-    """(dq like out, dk, dv [B, Lk, Hkv, D] contiguous). `split`: SPLIT_KEYS when None."""
+    dout, q, k, v, out, lse, key_mask, causal: bool, scale: float, blocks: Blocks | None = None
+):
+    """(dq like out, dk, dv [B, Lk, Hkv, D] contiguous)."""
     dout, q, k, v = _unit_last(dout), _unit_last(q), _unit_last(k), _unit_last(v)
     b, lq, heads, d = q.shape
     lk, kv_heads = k.shape[1], k.shape[2]
     blocks = blocks or Blocks()
     d1, d2 = head_split(d)
+    dq = torch.empty_like(out)
     dk = torch.empty((b, lk, kv_heads, d), dtype=k.dtype, device=k.device)
     dv = torch.empty_like(dk)
     keep, smb = _mask_args(key_mask, q)
@@ -121,24 +116,14 @@ def launch_backward(
         num_warps=blocks.warps,
         num_stages=blocks.stages,
     )
-    if lq <= blocks.m and kv_heads == heads:  # see _short_grads_kernel
-        split = (SPLIT_KEYS if split is None else split) and out.is_contiguous()
-        key_blocks = triton.cdiv(lk, blocks.n) if split else 1
-        # split: each key block's fp32 part of dQ, laid out as out; else dQ itself
-        dq = (
-            torch.empty((key_blocks, *out.shape), dtype=torch.float32, device=q.device)
-            if split
-            else torch.empty_like(out)
+    if lq <= blocks.m and kv_heads == heads:  # one program per head: see _short_grads_kernel
+        wrap_triton(kern._short_grads_kernel)[(b * heads,)](
+            q, k, v, out, dout, lse, keep, dq, dk, dv, *strides, *dk.stride()[:3], *sizes, **meta
         )
-        wrap_triton(kern._short_grads_kernel)[(key_blocks, b * heads) if split else (b * heads,)](
-            q, k, v, out, dout, lse, keep, dq, dk, dv, *strides, *dk.stride()[:3], out.numel(), *sizes,
-            SPLIT=split, **meta,
-        )  # fmt: skip
-        return (dq.sum(0).to(out.dtype) if split else dq), dk, dv
+        return dq, dk, dv
     wrap_triton(kern._key_grads_kernel)[(triton.cdiv(lk, blocks.n), b * kv_heads)](
         q, k, v, out, dout, lse, keep, dk, dv, *strides, *dk.stride()[:3], *sizes, **meta
     )
-    dq = torch.empty_like(out)
     wrap_triton(kern._query_grads_kernel)[(triton.cdiv(lq, blocks.m), b * heads)](
         q, k, v, out, dout, lse, keep, dq, *strides, *sizes, **meta
     )

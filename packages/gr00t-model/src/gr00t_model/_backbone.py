@@ -33,9 +33,18 @@ class Backbone(nn.Module):
         images = pixel_values.flatten(0, 1)
         if images.dtype == torch.uint8:
             images = (images.float() / 255.0 - PIXEL_MEAN) / PIXEL_STD
-        features = self.vision_model(images)
-        tokens = connect(self.mlp1, features, self.config.downsample_factor)
+        hidden, pending = self.vision_model.encode(images)
+        tokens = self.connect_features(hidden, pending, self.vision_model.grid_of(images))
         return tokens.reshape(batch, count * tokens.shape[1], tokens.shape[2])
+
+    def connect_features(
+        self, hidden: torch.Tensor, pending: torch.Tensor | None, grid: tuple[int, int]
+    ) -> torch.Tensor:
+        """The vision tower's encoder output -> post LayerNorm -> connector: [N, tokens_per_image, D]. One of
+        the once-per-step pieces `GR00TN16.compile_blocks` compiles too (eager, its fp32 LayerNorms and
+        pixel-unshuffle copies took 0.4 ms per step on an H200)."""
+        features = self.vision_model.finish(hidden, pending, grid)
+        return connect(self.mlp1, features, self.config.downsample_factor)
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor
@@ -48,12 +57,21 @@ class Backbone(nn.Module):
         """
         valid = attention_mask.bool()
         image_mask = input_ids == self.config.image_token_id
-        embeds = self.language_model.embed_tokens(input_ids)
-        images = self.image_tokens(pixel_values)
+        embeds = self.place(
+            self.language_model.embed_tokens(input_ids), self.image_tokens(pixel_values), image_mask
+        )
+        return FrozenPrefix(embeds, valid, image_mask, 0)
+
+    def place(self, embeds: torch.Tensor, images: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
+        """The k-th image token of a row into its k-th `<IMG_CONTEXT>` position (compiled by compile_blocks)."""
         order = (image_mask.long().cumsum(dim=1) - 1).clamp(0, images.shape[1] - 1)
         placed = images.gather(1, order[..., None].expand(-1, -1, images.shape[-1]))
-        embeds = torch.where(image_mask[..., None], placed.to(embeds.dtype), embeds)
-        return FrozenPrefix(embeds, valid, image_mask, 0)
+        return torch.where(image_mask[..., None], placed.to(embeds.dtype), embeds)
+
+    def once_per_step(self) -> list[tuple[nn.Module, str]]:
+        """The eager pieces around the repeated blocks that `GR00TN16.compile_blocks` compiles too, as
+        (owner, method name): the patch embedding, the post LayerNorm with the connector, the placement."""
+        return [(self.vision_model.embeddings, "forward"), (self, "connect_features"), (self, "place")]
 
     def frozen_depth(self) -> int | None:
         """How many leading LLM layers read only frozen weights, with the vision tower, connector and token

@@ -144,16 +144,17 @@ class GR00TN16(nn.Module):
     def compile_blocks(self, **options: Any) -> int:
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
-        frozen vs trainable Qwen3 layers) compiles once and every instance reuses it; the code outside the
-        blocks stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor the
+        frozen vs trainable Qwen3 layers) compiles once and every instance reuses it. So do the eager pieces
+        that run once per step around them (`Backbone.once_per_step`: patch embedding, connector, image
+        placement); the rest stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor the
         this module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count."""
         options = {"dynamic": False, **options}
         if options.get("backend", "inductor") == "inductor" and "mode" not in options:
             options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
         blocks = self.repeated_blocks()
-        for block in blocks:
-            if "forward" not in vars(block):
-                block.forward = torch.compile(type(block).forward.__get__(block), **options)
+        for block, name in [(block, "forward") for block in blocks] + self.backbone.once_per_step():
+            if name not in vars(block):
+                setattr(block, name, torch.compile(getattr(type(block), name).__get__(block), **options))
         dit = self.action_head.model
         if dit.grad_sum is None:  # the DiT context cast's gradient sum: one fused kernel (_context_cast)
             dit.grad_sum = torch.compile(context_cast.sum_grads, **options)
@@ -161,8 +162,10 @@ class GR00TN16(nn.Module):
 
     def uncompile_blocks(self) -> None:
         """Undo compile_blocks: every block runs its plain forward again."""
-        for block in self.repeated_blocks():
-            vars(block).pop("forward", None)
+        for block, name in [
+            (block, "forward") for block in self.repeated_blocks()
+        ] + self.backbone.once_per_step():
+            vars(block).pop(name, None)
         self.action_head.model.grad_sum = None
 
     def train(self, mode: bool = True) -> GR00TN16:
