@@ -23,7 +23,7 @@ import json
 import torch
 import triton
 import triton.language as tl
-from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
+from _probe_model import full_model_and_batch
 
 N = 4096 * 395_508  # 1.62 B, whole blocks
 
@@ -102,15 +102,7 @@ def main() -> None:
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    config = GR00TConfig.preset(
-        "n1.6-3b", image_size=(252, 252), trainable_dtype="bfloat16", triton_attention=True
-    )
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GR00TN16(config).train()
-    model.prepare_frozen_prefix()
-    model.compile_blocks()
-    batch = make_dummy_batch(config, 16, num_images=2, device=torch.device("cuda"))
+    model, batch = full_model_and_batch(triton_attention=True)
     action = batch["action"]
     noise = torch.randn(action.shape, device="cuda")
     t = torch.rand(action.shape[0], device="cuda")

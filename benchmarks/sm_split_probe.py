@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from _cuda_timing import capture, cuda_ms
-from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
+from _probe_model import full_model_and_batch
 
 N = 1_620_000_000
 BLOCK = 1024
@@ -72,13 +72,7 @@ class Update:
 
 
 def prefix_graphs(carveouts: list[int]):
-    config = GR00TConfig.preset("n1.6-3b", image_size=(252, 252), trainable_dtype="bfloat16")
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GR00TN16(config).train()
-    model.prepare_frozen_prefix()
-    model.compile_blocks()
-    batch = make_dummy_batch(config, 16, num_images=2, device=torch.device("cuda"))
+    model, batch = full_model_and_batch()
     graphs = {}
     with torch.no_grad():
         for c in carveouts:
