@@ -195,6 +195,8 @@ def staged_update(ctx: Any, steps: int = 3) -> dict[str, Any]:
         fences = Fences()
         if how != "plain":
             stages = [list(block.parameters()) for block in module.blocks] if how == "staged" else []
+            if stages:  # a parameter listed twice (shared) belongs to the first stage that reads it
+                stages[-1] += list(module.blocks[0].parameters())
             assert opt.stage_update(stages, fences)
         norms = run_steps(ctx, model, opt, make_scheduler(opt), range(steps), 1, autocast=True, clip=0.05,
                           dtype=torch.bfloat16)  # fmt: skip

@@ -91,7 +91,8 @@ def test_untouched_rows_of_a_tracked_table_only_decay_with_the_stepped_result(po
 
 def test_the_update_in_stages_marks_each_stage_once_its_parameters_hold_the_step(pool) -> None:
     """stage_update: at each stage's mark, the parameters of that stage and the earlier ones already hold the
-    step's final values and every later stage still has old ones (so a layer waiting for its stage reads
+    step's final values (block 0's too, though the last stage lists them again) and every later stage still
+    has old ones (so a layer waiting for its stage reads
     the new weights, and the stages really are ordered). The same blocks in one stage give the same result
     bit for bit (the same block windows and arithmetic, in another order); against the one-pass step, whose
     windows are whole runs, within fp32 rounding (vectorized and tail loops of a CPU kernel may round alike or

@@ -176,7 +176,7 @@ class DistributedAdamW(torch.optim.Optimizer):
                     raise ValueError(
                         f"stage_update: a parameter of shape {tuple(p.shape)} is not stepped here"
                     )
-                stage_of_slot[self._model._slot_of[id(p)]] = k
+                stage_of_slot.setdefault(self._model._slot_of[id(p)], k)  # shared: its first reader's stage
         updates.add_stages(len(stages) + 1)
         self.flat.set_stages(stage_of_slot, len(stages) + 1, updates.mark_stage)
         return True
