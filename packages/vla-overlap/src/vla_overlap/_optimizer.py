@@ -163,8 +163,9 @@ class DistributedAdamW(torch.optim.Optimizer):
 
     def stage_update(self, stages: Sequence[Sequence[nn.Parameter]], updates: UpdateStream) -> bool:
         """Step the parameters in stages, in the order the forward first reads them: stage 0 is every
-        parameter not in `stages`, stage k the parameters of `stages[k - 1]`. The update marks `updates`'
-        fence of each stage as it completes (`UpdateStream.wait_stage(k)` then waits for stages 0..k), with
+        parameter not in `stages`, stage k the parameters of `stages[k - 1]` (a shared one: the first stage
+        listing it). The update marks `updates`' fence of each stage as it completes
+        (`UpdateStream.wait_stage(k)` then waits for stages 0..k), with
         the same arithmetic as one pass. Only at one rank with the flat step (at more ranks, parameters
         arrive by a gather after the whole update); returns whether the update is staged."""
         if self.flat is None or self._comm.size != 1:
