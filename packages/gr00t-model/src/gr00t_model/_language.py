@@ -97,13 +97,21 @@ class LanguageModel(nn.Module):
         """
         if start >= stop:
             return hidden
-        dtype = self.embed_tokens.weight.dtype  # the embeddings' dtype, wherever the run starts
-        cos, sin = rotary_tables(hidden.shape[1], self.head_dim, self.rope_theta, hidden.device, dtype)
-        mask = causal_padding_mask(valid)
+        cos, sin, mask = self.tables(hidden, valid)
         pending = None
         for layer in self.layers[start:stop]:
             hidden, pending = layer(hidden, pending, mask, (cos, sin))
         return hidden + pending
+
+    def tables(
+        self, hidden: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, mask) for a run over `hidden` [B, S, D]: RoPE tables in the embeddings' dtype (wherever
+        the run starts) and the causal padding mask. About 20 small kernels eagerly, twice per training step
+        (the frozen prefix and the trainable layers)."""
+        dtype = self.embed_tokens.weight.dtype
+        cos, sin = rotary_tables(hidden.shape[1], self.head_dim, self.rope_theta, hidden.device, dtype)
+        return cos, sin, causal_padding_mask(valid)
 
 
 @functools.cache
