@@ -108,6 +108,11 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     # also compiled: the Qwen3 runs' RoPE tables and causal padding mask (LanguageModel.tables, twice per step;
     # eager, about 20 small kernels each time; not measured yet)
     "ours-full-compiled-tables": lambda: _also_compiled("language_model", "tables"),
+    # each grouped embodiment layer sorting the batch by slot for itself (before the fourteenth pass's last
+    # commit: ActionHead.slot_groups shares one sort per forward; not measured yet)
+    "ours-full-per-layer-sorts": lambda: mock.patch(
+        "gr00t_model._action_head.ActionHead.slot_groups", lambda self, slot: slot
+    ),
     # the DiT's VL context cast by each cross block's projections under autocast, instead of once for all
     # cross blocks with its gradient summed in one compiled pass (gr00t_model._context_cast.CAST_ONCE; before
     # the fourteenth pass)

@@ -103,3 +103,38 @@ def test_the_model_trains_the_same_with_grouped_gemms() -> None:
     tables = {id(layer.W) for layer in grouped.action_head.embodiment_layers()}
     assert len(tables) == 7 and tables <= {id(p) for p in grouped.matmul_weights()}
     assert not tables & {id(p) for p in plain.matmul_weights()}
+
+
+def test_one_sort_per_forward_gives_the_per_layer_sorts_result_bit_for_bit(monkeypatch) -> None:
+    """SlotGroups: the action head sorts the batch by slot once per forward and every grouped layer reuses the
+    order, its inverse and the group ends. The same gathers and grouped GEMMs run on the same values, so the
+    loss and every gradient equal those of sorting in each layer bit for bit; and one forward sorts twice (the
+    order and its inverse) instead of twice per layer."""
+    from gr00t_model import _action_head
+
+    config = GR00TConfig.preset("tiny", grouped_embodiment_gemms=True)
+    model = GR00TN16(config).train()
+    batch = make_dummy_batch(config, 3, num_images=1)
+    batch["embodiment_id"] = torch.tensor([5, 1, 5])
+    noise = torch.randn(3, config.action_horizon, config.max_action_dim)
+    t = torch.tensor([0.2, 0.5, 0.9])
+    sorts = []
+    real_argsort = torch.argsort
+    monkeypatch.setattr(torch, "argsort", lambda *a, **k: sorts.append(1) or real_argsort(*a, **k))
+    runs = []
+    for shared in (True, False):
+        if not shared:  # the layers get the plain slot tensor: each sorts for itself, as before
+            monkeypatch.setattr(_action_head.ActionHead, "slot_groups", lambda self, slot: slot)
+        sorts.clear()
+        model.zero_grad(set_to_none=True)
+        with torch.random.fork_rng():
+            torch.manual_seed(5)
+            loss = model(batch, noise=noise, t=t)["loss"]
+        loss.backward()
+        runs.append(
+            (loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, len(sorts))
+        )
+    (loss_a, grads_a, sorts_a), (loss_b, grads_b, sorts_b) = runs
+    assert sorts_a == 2 and sorts_b == 2 * len(model.action_head.embodiment_layers())
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ._config import GR00TConfig
 from ._dit import AlternateVLDiT
-from ._grouped_matmul import grouped_supported, slot_matmul
+from ._grouped_matmul import SlotGroups, grouped_supported, slot_matmul, slot_tensor
 
 
 class CategorySpecificLinear(nn.Module):
@@ -24,10 +24,11 @@ class CategorySpecificLinear(nn.Module):
         self.b = nn.Parameter(torch.zeros(slots, fan_out))
         self.grouped = grouped
 
-    def forward(self, x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-        """x [B, T, in], slot [B] -> [B, T, out]."""
+    def forward(self, x: torch.Tensor, slot: torch.Tensor | SlotGroups) -> torch.Tensor:
+        """x [B, T, in], slot [B] (or its SlotGroups) -> [B, T, out]."""
         if self.grouped and grouped_supported(x, self.W):
-            return slot_matmul(x, self.W, slot) + self.b[slot][:, None]
+            return slot_matmul(x, self.W, slot) + self.b[slot_tensor(slot)][:, None]
+        slot = slot_tensor(slot)
         return torch.bmm(x, self.W[slot]) + self.b[slot][:, None]
 
 
@@ -90,6 +91,14 @@ class ActionHead(nn.Module):
         for layer in self.embodiment_layers():
             layer.grouped = config.grouped_embodiment_gemms
 
+    def slot_groups(self, slot: torch.Tensor) -> torch.Tensor | SlotGroups:
+        """With grouped GEMMs, the batch sorted by slot once for every per-embodiment layer of a forward."""
+        return (
+            SlotGroups(slot, self.config.max_num_embodiments)
+            if self.config.grouped_embodiment_gemms
+            else slot
+        )
+
     def embodiment_layers(self) -> list[CategorySpecificLinear]:
         """The per-embodiment projections of the state encoder, action encoder and action decoder."""
         return [m for m in self.modules() if isinstance(m, CategorySpecificLinear)]
@@ -141,6 +150,7 @@ class ActionHead(nn.Module):
         action = action.to(torch.float32) * mask  # padded entries never reach the model
         tt = t.to(torch.float32)[:, None, None]
         noisy = (1 - tt) * noise + tt * action
+        slot = self.slot_groups(slot)
         pred = self.velocity(vl, masks, self.encode_state(state, slot), noisy, self.buckets(t), slot)
         err = (pred.float() - (action - noise)) ** 2 * mask  # fp32 operands: autocast leaves these in fp32
         return err.sum() / (mask.sum() + 1e-6)
@@ -148,6 +158,7 @@ class ActionHead(nn.Module):
     @torch.no_grad()
     def sample(self, vl, masks, state, slot, noise: torch.Tensor, steps: int) -> torch.Tensor:
         """Euler integration of the velocity field from noise at tau = 0, 1/steps, ... -> actions [B, Ta, D]."""
+        slot = self.slot_groups(slot)
         state_tokens = self.encode_state(state, slot)
         kv_cache = self.model.cross_key_values(vl)
         x = noise.to(torch.float32)

@@ -5,7 +5,8 @@ n1.6-3b's 325 M table entries that is 16 copies per layer at batch 16, in fp32, 
 zero-fills the whole [slots, in, out] table gradient, scatters 16 per-sample gradients into it and sums them.
 Sorted by slot, each used slot's rows go through one GEMM that reads its matrix once, and the weight gradient of
 slot s is one GEMM, rows_s^T @ grad_s, written into the table (empty slots get zeros). torch._grouped_mm takes
-the group boundaries as a device tensor, so nothing syncs with the host and CUDA graphs capture it.
+the group boundaries as a device tensor, so nothing syncs with the host and CUDA graphs capture it. The sort is
+done once per forward (`SlotGroups`) and shared by every layer.
 """
 
 from __future__ import annotations
@@ -26,22 +27,46 @@ def grouped_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return dtype == torch.bfloat16 and weight.shape[1] % 8 == 0 and weight.shape[2] % 8 == 0
 
 
-def slot_matmul(x: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-    """x [B, T, in] @ weight[slot[b]] for every sample b -> [B, T, out]; weight [slots, in, out]. Under autocast
-    both operands are cast to its dtype first, as autocast does for bmm."""
+class SlotGroups:
+    """A batch's samples grouped by slot, computed once per forward and shared by its grouped layers: the stable
+    sort, its inverse and the samples per slot. Sorting in every layer cost about 70 us of small kernels per
+    layer (two sorts, fills, an index add) on an H200, seven layers per training forward of n1.6-3b."""
+
+    def __init__(self, slot: torch.Tensor, slots: int) -> None:
+        self.slot, self.slots = slot, slots
+        self.order = torch.argsort(slot, stable=True)
+        self.inverse = torch.argsort(self.order)  # back to batch order
+        ones = torch.ones_like(slot, dtype=torch.int32)
+        self.counts = torch.zeros(slots, dtype=torch.int32, device=slot.device).index_add_(0, slot, ones)
+        self._ends: dict[int, torch.Tensor] = {}
+
+    def ends(self, tokens: int) -> torch.Tensor:
+        """Where group g's rows end (int32) when every sample has `tokens` rows."""
+        if tokens not in self._ends:
+            self._ends[tokens] = (self.counts * tokens).cumsum(0, dtype=torch.int32)
+        return self._ends[tokens]
+
+
+def slot_tensor(slot: torch.Tensor | SlotGroups) -> torch.Tensor:
+    """The [B] slot indices of either form."""
+    return slot.slot if isinstance(slot, SlotGroups) else slot
+
+
+def slot_matmul(x: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor | SlotGroups) -> torch.Tensor:
+    """x [B, T, in] @ weight[slot[b]] for every sample b -> [B, T, out]; weight [slots, in, out]; `slot` the [B]
+    indices or their SlotGroups. Under autocast both operands are cast to its dtype first, as for bmm."""
     batch, tokens, fan_in = x.shape
+    groups = slot if isinstance(slot, SlotGroups) else SlotGroups(slot, weight.shape[0])
+    if groups.slots != weight.shape[0]:
+        raise ValueError(f"SlotGroups of {groups.slots} slots for a table of {weight.shape[0]}")
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         x, weight = x.to(dtype), weight.to(dtype)
     with torch.autocast(device_type, enabled=False):
-        order = torch.argsort(slot, stable=True)
-        rows = x[order].reshape(batch * tokens, fan_in)
-        per_slot = torch.zeros(weight.shape[0], dtype=torch.int32, device=x.device)
-        per_slot.index_add_(0, slot, torch.full_like(slot, tokens, dtype=torch.int32))
-        ends = per_slot.cumsum(0, dtype=torch.int32)  # group g's rows end at ends[g]
-        out = _GroupedMatmul.apply(rows, weight, ends)
-        return out.view(batch, tokens, -1)[torch.argsort(order)]  # back to batch order
+        rows = x[groups.order].reshape(batch * tokens, fan_in)
+        out = _GroupedMatmul.apply(rows, weight, groups.ends(tokens))
+        return out.view(batch, tokens, -1)[groups.inverse]
 
 
 class _GroupedMatmul(torch.autograd.Function):
