@@ -101,13 +101,15 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         "vla_graph._device._CAPTURE_STREAMS", {torch.cuda.current_device(): torch.cuda.Stream(priority=0)}
     ),
     # the patch embedding, the connector and the image tokens' placement eager (gr00t_model
-    # Backbone.once_per_step; before the fourteenth pass: compile_blocks compiled only the repeated blocks)
-    "ours-full-eager-glue": lambda: mock.patch(
-        "gr00t_model._backbone.Backbone.once_per_step", lambda self: []
+    # GR00TN16.once_per_step; before the fourteenth pass: compile_blocks compiled only the repeated blocks)
+    "ours-full-eager-glue": lambda: mock.patch("gr00t_model._model.GR00TN16.once_per_step", lambda self: []),
+    # also compiled, each once per forward (not measured yet): the Qwen3 runs' RoPE tables and causal mask
+    # (LanguageModel.tables, twice per step, about 20 small kernels each time eagerly), Qwen3's final RMSNorm
+    # and the action head's vlln LayerNorm with the cross-attention masks (fp32 eager passes, forward and
+    # backward)
+    "ours-full-compiled-heads": lambda: _also_compiled(
+        "backbone.language_model.tables", "backbone.language_model.norm.forward", "action_head.features"
     ),
-    # also compiled: the Qwen3 runs' RoPE tables and causal padding mask (LanguageModel.tables, twice per step;
-    # eager, about 20 small kernels each time; not measured yet)
-    "ours-full-compiled-tables": lambda: _also_compiled("language_model", "tables"),
     # each grouped embodiment layer sorting the batch by slot for itself (before the fourteenth pass's last
     # commit: ActionHead.slot_groups shares one sort per forward; not measured yet)
     "ours-full-per-layer-sorts": lambda: mock.patch(
@@ -171,11 +173,17 @@ def _with_options(blocks: tuple[str, ...] | None = None, **options):
     return compile_with_options
 
 
-def _also_compiled(child: str, method: str):
-    """A patch adding `method` of the backbone's `child` to the pieces compile_blocks compiles once per step."""
-    from gr00t_model._backbone import Backbone
+def _also_compiled(*paths: str):
+    """A patch adding methods, by dotted path from the model, to what compile_blocks compiles once per step."""
+    from gr00t_model._model import GR00TN16
 
-    plain = Backbone.once_per_step
-    return mock.patch.object(
-        Backbone, "once_per_step", lambda self: [*plain(self), (getattr(self, child), method)]
-    )
+    plain = GR00TN16.once_per_step
+
+    def pieces(model):
+        extra = []
+        for path in paths:
+            owner, _, method = path.rpartition(".")
+            extra.append((model.get_submodule(owner), method))
+        return [*plain(model), *extra]
+
+    return mock.patch.object(GR00TN16, "once_per_step", pieces)

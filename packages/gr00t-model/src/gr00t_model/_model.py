@@ -141,18 +141,23 @@ class GR00TN16(nn.Module):
             *self.action_head.model.transformer_blocks,
         ]
 
+    def once_per_step(self) -> list[tuple[nn.Module, str]]:
+        """The eager pieces around the repeated blocks that compile_blocks compiles too, as (owner, method
+        name); each runs once per forward (`Backbone.once_per_step`)."""
+        return self.backbone.once_per_step()
+
     def compile_blocks(self, **options: Any) -> int:
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
         frozen vs trainable Qwen3 layers) compiles once and every instance reuses it. So do the eager pieces
-        that run once per step around them (`Backbone.once_per_step`: patch embedding, connector, image
+        that run once per step around them (`once_per_step`: patch embedding, connector, image
         placement); the rest stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor the
         this module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count."""
         options = {"dynamic": False, **options}
         if options.get("backend", "inductor") == "inductor" and "mode" not in options:
             options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
         blocks = self.repeated_blocks()
-        for block, name in [(block, "forward") for block in blocks] + self.backbone.once_per_step():
+        for block, name in [(block, "forward") for block in blocks] + self.once_per_step():
             if name not in vars(block):
                 setattr(block, name, torch.compile(getattr(type(block), name).__get__(block), **options))
         dit = self.action_head.model
@@ -162,9 +167,7 @@ class GR00TN16(nn.Module):
 
     def uncompile_blocks(self) -> None:
         """Undo compile_blocks: every block runs its plain forward again."""
-        for block, name in [
-            (block, "forward") for block in self.repeated_blocks()
-        ] + self.backbone.once_per_step():
+        for block, name in [(block, "forward") for block in self.repeated_blocks()] + self.once_per_step():
             vars(block).pop(name, None)
         self.action_head.model.grad_sum = None
 
