@@ -133,3 +133,17 @@ def test_a_rank_with_a_finite_loss_points_to_the_rank_that_had_the_nan() -> None
     message = str(NonFiniteLossError(3, float("nan"), None, 0, bad_ranks=[1]))
     assert "this rank's own loss was finite: the non-finite loss was on rank 1" in message
     assert "episode ids unknown" not in message
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_every_kind_of_non_finite_value_flags_its_sample_and_only_its_sample(dtype) -> None:
+    """tag_samples takes one max-|value| reduction per sample: NaN (which a max propagates), +inf and -inf
+    anywhere in a sample flag it; huge finite values and zeros do not."""
+    values = torch.zeros(6, 3, 5, dtype=dtype)
+    values[1, 2, 4] = float("nan")
+    values[2, 0, 0] = float("inf")
+    values[3, 1, 2] = -float("inf")
+    values[4] = torch.finfo(dtype).max  # the largest finite values
+    values[5, 0, 1], values[5, 2, 3] = float("nan"), float("inf")
+    tags = tag_samples({"action": values})
+    assert tags.nonfinite.tolist() == [[False, True, True, True, False, True]]
