@@ -115,6 +115,11 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-per-layer-sorts": lambda: mock.patch(
         "gr00t_model._action_head.ActionHead.slot_groups", lambda self, slot: slot
     ),
+    # the per-step NaN/inf sample tags by isfinite(...).all(), four kernels per tensor (before the fourteenth
+    # pass's last commits: one max-|value| reduction; not measured yet)
+    "ours-full-isfinite-tags": lambda: mock.patch(
+        "gr00t_train._run_checks._nonfinite_rows", lambda rows: ~torch.isfinite(rows).all(dim=1)
+    ),
     # the DiT's VL context cast by each cross block's projections under autocast, instead of once for all
     # cross blocks with its gradient summed in one compiled pass (gr00t_model._context_cast.CAST_ONCE; before
     # the fourteenth pass)

@@ -15,7 +15,7 @@ stack and eager for N steps with dropout off on identical batches and reports th
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
-`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-cast-context-per-block`, `-eager-glue`, `-compiled-heads`, `-per-layer-sorts`, `-dit-unsplit-reductions`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
+`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-cast-context-per-block`, `-eager-glue`, `-compiled-heads`, `-per-layer-sorts`, `-isfinite-tags`, `-dit-unsplit-reductions`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
 `-max-autotune` are measured variants of `ours-full` (_step_patches.py); so are the probes `-no-reuse` and
 `-wgrad-stream` (weight-gradient GEMMs on a side stream, _wgrad_stream_probe.py), which must run last.
 `ours-serial` runs the flat update on the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
