@@ -11,6 +11,8 @@ done once per forward (`SlotGroups`) and shared by every layer.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -28,17 +30,30 @@ def grouped_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class SlotGroups:
-    """A batch's samples grouped by slot, computed once per forward and shared by its grouped layers: the stable
-    sort, its inverse and the samples per slot. Sorting in every layer cost about 70 us of small kernels per
-    layer (two sorts, fills, an index add) on an H200, seven layers per training forward of n1.6-3b."""
+    """A batch's samples grouped by slot, computed once per forward (on first use: layers that fall back to
+    the gather never pay for it) and shared by its grouped layers: the stable sort, its inverse and the samples
+    per slot. Sorting in every layer cost about 70 us of small kernels per layer (two sorts, fills, an index
+    add) on an H200, seven layers per training forward of n1.6-3b."""
 
     def __init__(self, slot: torch.Tensor, slots: int) -> None:
         self.slot, self.slots = slot, slots
-        self.order = torch.argsort(slot, stable=True)
-        self.inverse = torch.argsort(self.order)  # back to batch order
-        ones = torch.ones_like(slot, dtype=torch.int32)
-        self.counts = torch.zeros(slots, dtype=torch.int32, device=slot.device).index_add_(0, slot, ones)
         self._ends: dict[int, torch.Tensor] = {}
+
+    @functools.cached_property
+    def order(self) -> torch.Tensor:
+        return torch.argsort(self.slot, stable=True)
+
+    @functools.cached_property
+    def inverse(self) -> torch.Tensor:
+        """Back to batch order."""
+        return torch.argsort(self.order)
+
+    @functools.cached_property
+    def counts(self) -> torch.Tensor:
+        ones = torch.ones_like(self.slot, dtype=torch.int32)
+        return torch.zeros(self.slots, dtype=torch.int32, device=self.slot.device).index_add_(
+            0, self.slot, ones
+        )
 
     def ends(self, tokens: int) -> torch.Tensor:
         """Where group g's rows end (int32) when every sample has `tokens` rows."""

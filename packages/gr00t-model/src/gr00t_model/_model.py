@@ -150,9 +150,10 @@ class GR00TN16(nn.Module):
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
         frozen vs trainable Qwen3 layers) compiles once and every instance reuses it. So do the eager pieces
-        that run once per step around them (`once_per_step`: patch embedding, connector, image
-        placement); the rest stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor the
-        this module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count."""
+        that run once per step around them (`once_per_step`: patch embedding, connector, image placement);
+        the rest stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor this
+        module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count of
+        repeated blocks."""
         options = {"dynamic": False, **options}
         if options.get("backend", "inductor") == "inductor" and "mode" not in options:
             options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}

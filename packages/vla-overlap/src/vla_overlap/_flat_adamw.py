@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._flat_adamw_steps import torch_step, triton_step
-from ._grad_norm import combine_parts, part_of_norm
 from ._remainders import decode, encode_
 from ._update_stages import split_by_stage
 
@@ -314,10 +313,15 @@ class FlatAdamW:
         return torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
 
     def grad_norm(self, norm_type: float) -> torch.Tensor:
-        """The norm of this rank's gradient shards (padding and unused pieces are zero), from one part per
-        shard (_grad_norm)."""
-        parts = [part_of_norm(self, b, norm_type) for b in range(len(self.buckets))]
-        return combine_parts(self, torch.stack(parts), norm_type)
+        """The norm of this rank's gradient shards (padding and pieces no one used are zero): one pass of
+        the sum-of-squares kernel per shard for the 2-norm on CUDA, torch's vector_norm otherwise."""
+        grads = [flat["grad"] for flat in self.buckets]
+        if self.kernel == "triton" and norm_type == 2.0:
+            from ._flat_adamw_kernel import sum_of_squares
+
+            return torch.stack([sum_of_squares(g) for g in grads]).sum().sqrt()
+        norms = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float32) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
     @torch.no_grad()
     def step(self, coef: torch.Tensor | None, skipped: list[int] | tuple[int, ...] = ()) -> None:
