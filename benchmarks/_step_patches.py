@@ -3,6 +3,7 @@ effect is measured side by side in one process (BENCHMARKS.md's third and fifth 
 
 from __future__ import annotations
 
+import functools
 from unittest import mock
 
 import _wgrad_stream_probe
@@ -100,16 +101,10 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-capture-default-priority": lambda: mock.patch.dict(
         "vla_graph._device._CAPTURE_STREAMS", {torch.cuda.current_device(): torch.cuda.Stream(priority=0)}
     ),
-    # the patch embedding, the connector and the image tokens' placement eager (gr00t_model
-    # GR00TN16.once_per_step; before the fourteenth pass: compile_blocks compiled only the repeated blocks)
+    # the once-per-step pieces eager (gr00t_model GR00TN16.once_per_step: patch embedding, connector, image
+    # placement, and since the fifteenth pass the RoPE tables, Qwen3's final norm and the vlln; before the
+    # fourteenth pass compile_blocks compiled only the repeated blocks)
     "ours-full-eager-glue": lambda: mock.patch("gr00t_model._model.GR00TN16.once_per_step", lambda self: []),
-    # also compiled, each once per forward (not measured yet): the Qwen3 runs' RoPE tables and causal mask
-    # (LanguageModel.tables, twice per step, about 20 small kernels each time eagerly), Qwen3's final RMSNorm
-    # and the action head's vlln LayerNorm with the cross-attention masks (fp32 eager passes, forward and
-    # backward)
-    "ours-full-compiled-heads": lambda: _also_compiled(
-        "backbone.language_model.tables", "backbone.language_model.norm.forward", "action_head.features"
-    ),
     # each grouped embodiment layer sorting the batch by slot for itself (before the fourteenth pass's last
     # commit: ActionHead.slot_groups shares one sort per forward; not measured yet)
     "ours-full-per-layer-sorts": lambda: mock.patch(
@@ -124,6 +119,10 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     # cross blocks with its gradient summed in one compiled pass (gr00t_model._context_cast.CAST_ONCE; before
     # the fourteenth pass)
     "ours-full-cast-context-per-block": lambda: mock.patch("gr00t_model._context_cast.CAST_ONCE", False),
+    # the clipping norm's kernel with one 4096-element block per program (before the fifteenth pass: 8 each)
+    "ours-full-block-norm": lambda: mock.patch(
+        "vla_overlap._flat_adamw_kernel.sum_of_squares", functools.partial(_kernels().sum_of_squares, loops=1)
+    ),
     # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
@@ -178,17 +177,7 @@ def _with_options(blocks: tuple[str, ...] | None = None, **options):
     return compile_with_options
 
 
-def _also_compiled(*paths: str):
-    """A patch adding methods, by dotted path from the model, to what compile_blocks compiles once per step."""
-    from gr00t_model._model import GR00TN16
+def _kernels():
+    import vla_overlap._flat_adamw_kernel as kernels
 
-    plain = GR00TN16.once_per_step
-
-    def pieces(model):
-        extra = []
-        for path in paths:
-            owner, _, method = path.rpartition(".")
-            extra.append((model.get_submodule(owner), method))
-        return [*plain(model), *extra]
-
-    return mock.patch.object(GR00TN16, "once_per_step", pieces)
+    return kernels

@@ -15,7 +15,7 @@ stack and eager for N steps with dropout off on identical batches and reports th
 difference. The `profile` row gives the GPU kernel time by family of the full stack's step (`profile=ROW` of
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
-`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-cast-context-per-block`, `-eager-glue`, `-compiled-heads`, `-per-layer-sorts`, `-isfinite-tags`, `-dit-unsplit-reductions`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
+`-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-cast-context-per-block`, `-eager-glue`, `-block-norm`, `-per-layer-sorts`, `-isfinite-tags`, `-dit-unsplit-reductions`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
 `-max-autotune` are measured variants of `ours-full` (_step_patches.py); so are the probes `-no-reuse` and
 `-wgrad-stream` (weight-gradient GEMMs on a side stream, _wgrad_stream_probe.py), which must run last.
 `ours-serial` runs the flat update on the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
@@ -25,6 +25,7 @@ other slots' table rows), `-stepped` without that skip. `ours-full-fp8` adds FP8
 `ours-full-fp32-masters` steps fp32 masters instead of bf16 weight + remainder (optimizations.param_remainders);
 `ours-full-sdpa-attention` runs the DiT's attention on SDPA instead of our Triton kernels;
 `ours-full-unstaged-update` waits for the whole update before the first trainable block (optimizations.staged_update);
+`ours-full-unmerged-dit-linears` runs the DiT's AdaLN and self-attention q/k/v projections one GEMM per Linear;
 `parity=ROW` compares another row with eager. `update-alone` times the update's passes on a trained
 `ours-serial` trainer's own buffers and on fresh ones.
 
@@ -73,6 +74,8 @@ ROWS["ours-full-fp32-masters"] = [*ROWS["ours-full"], "optimizations.param_remai
 ROWS["ours-full-sdpa-attention"] = [*ROWS["ours-full"], "optimizations.triton_attention=off"]
 # the whole update before the first trainable block (before the fourteenth pass), not one stage per block
 ROWS["ours-full-unstaged-update"] = [*ROWS["ours-full"], "optimizations.staged_update=false"]
+# the DiT's AdaLN projections and self-attention q/k/v as one GEMM per Linear (before the fifteenth pass)
+ROWS["ours-full-unmerged-dit-linears"] = [*ROWS["ours-full"], "optimizations.merged_dit_linears=off"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]
 

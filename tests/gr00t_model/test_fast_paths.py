@@ -108,9 +108,9 @@ def test_compiled_blocks_keep_names_reuse_one_graph_per_block_type_and_match_eag
         model.uncompile_blocks()
         torch._dynamo.reset()
     # vision (the first layer, with no residual add left by a layer before it, has a graph of its own),
-    # frozen and trainable LLM layers, DiT self- and cross-attention blocks: one graph per type; and the three
-    # once-per-step pieces (patch embedding, connector, image placement)
-    assert 0 < graphs <= 9 < count + 3, graphs  # fewer graphs than compiled callables: reuse
+    # frozen and trainable LLM layers, DiT self- and cross-attention blocks: one graph per type; and the six
+    # once-per-step pieces (patch embedding, connector, image placement, RoPE tables, final norm, vlln)
+    assert 0 < graphs <= 12 < count + 6, graphs  # fewer graphs than compiled callables: reuse
     torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-6, atol=0)
     for name in grads_eager:
         torch.testing.assert_close(grads_compiled[name], grads_eager[name], rtol=1e-5, atol=1e-7)
@@ -133,8 +133,8 @@ def test_compile_blocks_gives_inductor_its_options_and_leaves_other_compiles_alo
             calls.clear()
             model.compile_blocks(**options)
             model.uncompile_blocks()
-            # every block, the three once-per-step pieces and the DiT context cast's gradient sum, with the same options
-            assert len(calls) == len(model.repeated_blocks()) + 4 and all(kw == calls[0] for kw in calls)
+            # every block, the six once-per-step pieces and the DiT context cast's gradient sum, with the same options
+            assert len(calls) == len(model.repeated_blocks()) + 7 and all(kw == calls[0] for kw in calls)
             given = calls[0]
             assert given["dynamic"] is False
             if not options:

@@ -101,3 +101,52 @@ def test_skipping_untouched_embodiment_rows_follows_the_stepped_trajectory(
     assert torch.equal(weights["action_head.action_encoder.W2.W"][~touched], before[~touched])
     assert losses == results["false"][0]
     assert all(torch.equal(value, results["false"][1][name]) for name, value in weights.items())
+
+
+@pytest.mark.slow
+def test_merged_dit_linears_train_as_the_release_form_and_save_its_names(
+    dataset, tmp_path, train_args, monkeypatch
+) -> None:
+    """optimizations.merged_dit_linears with bf16 weights and the flat step (its torch arithmetic), started
+    from the release-form run's initial weights (a merged Linear draws its random init in another order): the
+    same losses to bf16 rounding (each merged input gradient sums its parts inside one GEMM, a reassociation),
+    and the trained weights under the release's names."""
+    import gr00t_train
+    from gr00t_train import _comm, _gr00t
+    from gr00t_train._build import build_parts
+
+    monkeypatch.setattr(_comm, "_flat_kernel", lambda opts, env: "torch")
+    build_model, initial, results = _gr00t.build_model, {}, {}
+
+    def from_initial(*args):
+        model = build_model(*args)
+        if initial:  # the merged run: the plain run's starting weights, by their release names
+            model.load_state_dict(initial, strict=True)
+        else:
+            initial.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(_gr00t, "build_model", from_initial)
+    for flag in ("off", "on"):
+        out = tmp_path / flag
+        sets = (*BASE, "optimizations.bf16_weights=true", f"optimizations.merged_dit_linears={flag}")
+        cfg = gr00t_train.load_config(preset="demo", overrides=train_args(dataset, out, *sets)[4::2])
+        env = gr00t_train.init_distributed("cpu")
+        try:
+            parts = build_parts(cfg, env)
+            assert hasattr(parts.model.action_head.model, "modulations") == (flag == "on")
+            gr00t_train.Trainer(cfg, parts, env).fit()
+            state = {k: v.detach().float().clone() for k, v in parts.model.state_dict().items()}
+        finally:
+            gr00t_train.shutdown_distributed(env)
+        results[flag] = ([r.loss for r in trainer_records(out)], state)
+    (merged_losses, merged), (plain_losses, plain) = results["on"], results["off"]
+    assert set(merged) == set(plain)
+    torch.testing.assert_close(merged_losses, plain_losses, rtol=1e-2, atol=0)
+    # An early Adam step moves a weight by about lr whatever its gradient's size, so where a near-zero gradient
+    # changes sign between the runs the weights part by up to 2 lr per step: 6 lr after three steps.
+    bound = 6 * 3e-3  # the demo preset's lr
+    for key in plain:
+        torch.testing.assert_close(merged[key], plain[key], rtol=0, atol=bound, msg=key)
+    moved = torch.cat([(merged[k] - plain[k]).abs().flatten() for k in plain])
+    assert moved.mean() < 0.01 * 3e-3, moved.mean()  # such sign changes stay rare (measured: 0.003 lr)

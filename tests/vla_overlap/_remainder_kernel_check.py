@@ -1,10 +1,11 @@
 """Run by test_remainders.py under TRITON_INTERPRET=1: one flat AdamW step of the Triton kernel with and without
-remainders from the same state; prints what the test checks, as JSON."""
+remainders from the same state, and the clipping norm's sum-of-squares kernel on sizes off its blocks; prints
+what the tests check, as JSON."""
 
 import json
 
 import torch
-from vla_overlap._flat_adamw_kernel import adamw_flat
+from vla_overlap._flat_adamw_kernel import adamw_flat, sum_of_squares
 from vla_overlap._remainders import decode, encode_
 
 torch.manual_seed(0)
@@ -36,6 +37,11 @@ adamw_flat(
 decoded = decode(kept["out"], kept["rem"])
 moved = (decoded.view(torch.int32) - plain["master"].view(torch.int32)).abs()
 ties = (plain["master"].view(torch.int32) & 0xFFFF) == 0x8000
+norm_errors = []  # relative, against float64; sizes off the 4096-element blocks and the 8-block programs
+for size in (1, 4095, 4096 * 8, 4096 * 8 * 2 + 17):
+    x = torch.randn(size).to(torch.bfloat16)
+    exact = x.double().square().sum()
+    norm_errors.append(abs(sum_of_squares(x).double().item() - exact.item()) / exact.item())
 print(
     json.dumps(
         {
@@ -45,6 +51,7 @@ print(
             "moved_only_ties_by_one": bool((moved[~ties] == 0).all() and (moved[ties] == 1).all()),
             "decayed": not torch.equal(plain["master"][3072:4096], master[3072:4096]),
             "ties": int(ties.sum()),
+            "norm_errors": norm_errors,
         }
     )
 )

@@ -70,8 +70,16 @@ class Backbone(nn.Module):
 
     def once_per_step(self) -> list[tuple[nn.Module, str]]:
         """The eager pieces around the repeated blocks that `GR00TN16.compile_blocks` compiles too, as
-        (owner, method name): the patch embedding, the post LayerNorm with the connector, the placement."""
-        return [(self.vision_model.embeddings, "forward"), (self, "connect_features"), (self, "place")]
+        (owner, method name): the patch embedding, the post LayerNorm with the connector, the placement, the
+        Qwen3 runs' RoPE tables and mask (about 20 small kernels per run eagerly) and Qwen3's final RMSNorm."""
+        lm = self.language_model
+        return [
+            (self.vision_model.embeddings, "forward"),
+            (self, "connect_features"),
+            (self, "place"),
+            (lm, "tables"),
+            (lm.norm, "forward"),
+        ]
 
     def frozen_depth(self) -> int | None:
         """How many leading LLM layers read only frozen weights, with the vision tower, connector and token

@@ -127,6 +127,12 @@ class GR00TConfig:
     weight gradient sums its samples in one GEMM's fp32 accumulation instead of per sample, so the tables count
     as matmul weights and take trainable_dtype like Linear weights."""
 
+    merged_dit_linears: bool = False
+    """The DiT's linears that read one input as one GEMM each: every block's AdaLN projection with proj_out_1
+    (all read silu(temb)), and each self-attention block's q, k and v (`_merged_linear`). The same products;
+    state dicts and checkpoints keep the release's names. Faster where small GEMMs leave the GPU idle
+    (BENCHMARKS.md, fifteenth pass)."""
+
     triton_attention: bool = False
     """On CUDA, the DiT's self- and cross-attention through our Triton flash kernels (`_attention`) instead of
     SDPA's: the same math, with the scores' softmax in fp32 and the probabilities rounded to 16 bits before

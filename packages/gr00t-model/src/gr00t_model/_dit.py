@@ -18,6 +18,7 @@ from . import _context_cast as context_cast
 from ._attention import attention, load_triton
 from ._config import GR00TConfig
 from ._keep_mask import draw_keep_mask
+from ._merged_linear import MergedLinear, expose_parts
 
 # The self-attention blocks (51 tokens, head dim 48, no mask) run fastest on SDPA's memory-efficient kernel on
 # an H200: 0.031 ms forward + backward per block against 0.042 for cuDNN, SDPA's own pick there
@@ -73,29 +74,45 @@ class TimestepEncoder(nn.Module):
 
 
 class AdaLayerNorm(nn.Module):
-    """LayerNorm without affine, then x * (1 + scale) + shift with (scale, shift) = Linear(SiLU(temb))."""
+    """LayerNorm without affine, then x * (1 + scale) + shift with (scale, shift) = Linear(SiLU(temb)). With
+    `own_linear` False the DiT computes that modulation for every block at once and passes it in."""
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, own_linear: bool = True) -> None:
         super().__init__()
-        self.linear = nn.Linear(dim, 2 * dim)
+        self.linear = nn.Linear(dim, 2 * dim) if own_linear else None
         self.norm = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.linear(F.silu(temb)).chunk(2, dim=1)
+    def forward(self, x: torch.Tensor, temb: torch.Tensor | None, modulation=None) -> torch.Tensor:
+        if modulation is None:
+            modulation = self.linear(F.silu(temb))
+        scale, shift = modulation.chunk(2, dim=1)
         return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
 class Attention(nn.Module):
     """Multi-head attention; keys/values from `context` (cross) or from the input (self). Through SDPA, or on
-    CUDA with `triton` (GR00TConfig.triton_attention) through our kernels (`_attention`)."""
+    CUDA with `triton` (GR00TConfig.triton_attention) through our kernels (`_attention`). With `merged`, a
+    self-attention block computes q, k and v in one GEMM (`to_qkv`; state dicts keep to_q, to_k, to_v)."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float, context_dim: int | None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float,
+        context_dim: int | None,
+        merged: bool = False,
+    ) -> None:
         super().__init__()
         self.heads, self.head_dim, self.triton = heads, head_dim, False
         inner, source = heads * head_dim, context_dim or dim
-        self.to_q = nn.Linear(dim, inner)
-        self.to_k = nn.Linear(source, inner)
-        self.to_v = nn.Linear(source, inner)
+        if merged and context_dim is None:
+            self.to_qkv = MergedLinear(dim, [("to_q", inner), ("to_k", inner), ("to_v", inner)])
+            expose_parts(self, "to_qkv")
+        else:
+            self.to_q = nn.Linear(dim, inner)
+            self.to_k = nn.Linear(source, inner)
+            self.to_v = nn.Linear(source, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), Dropout(dropout)])
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +127,11 @@ class Attention(nn.Module):
         return self.split(self.to_k(k_source)), self.split(self.to_v(v_source))
 
     def forward(self, x, context=None, mask=None, kv=None, keep=None) -> torch.Tensor:
-        key, value = kv if kv is not None else self.key_values(x if context is None else context)
-        query = self.split(self.to_q(x))
+        if hasattr(self, "to_qkv"):
+            query, key, value = (self.split(y) for y in self.to_qkv.forward_parts(x))
+        else:
+            key, value = kv if kv is not None else self.key_values(x if context is None else context)
+            query = self.split(self.to_q(x))
         if self.triton and x.is_cuda:
             out = attention(query, key, value, key_mask=mask, triton=True)
         elif mask is None and x.is_cuda:
@@ -155,19 +175,21 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, config: GR00TConfig, context_dim: int | None) -> None:
         super().__init__()
-        dim, p = config.input_embedding_dim, config.dit_dropout
-        self.norm1 = AdaLayerNorm(dim)
-        self.attn1 = Attention(dim, config.dit_num_heads, config.dit_head_dim, p, context_dim)
+        dim, p, merged = config.input_embedding_dim, config.dit_dropout, config.merged_dit_linears
+        self.norm1 = AdaLayerNorm(dim, own_linear=not merged)
+        self.attn1 = Attention(dim, config.dit_num_heads, config.dit_head_dim, p, context_dim, merged)
         self.final_dropout = Dropout(p)
         self.norm3 = nn.LayerNorm(dim, eps=1e-5, elementwise_affine=False)
         self.ff = FeedForward(dim, config.dit_ff_mult, p)
 
-    def forward(self, x, temb, context=None, mask=None, kv=None, keep=None) -> torch.Tensor:
+    def forward(self, x, temb, context=None, mask=None, kv=None, keep=None, modulation=None) -> torch.Tensor:
         """keep: this block's keep-masks, flat [(3 + ff_mult) * x.numel()] bool (`AlternateVLDiT.keep_masks`):
-        the attention output's, final_dropout's, the feed-forward's inner and output ones, in that order."""
+        the attention output's, final_dropout's, the feed-forward's inner and output ones, in that order.
+        modulation: norm1's (scale | shift) [B, 2 * dim] where the DiT computes them for every block at once."""
         n = x.numel()
         keeps = [None] * 4 if keep is None else keep.split([n, n, keep.numel() - 3 * n, n])
-        x = x + self.final_dropout(self.attn1(self.norm1(x, temb), context, mask, kv, keeps[0]), keeps[1])
+        normed = self.norm1(x, temb, modulation)
+        x = x + self.final_dropout(self.attn1(normed, context, mask, kv, keeps[0]), keeps[1])
         return x + self.ff(self.norm3(x), keeps[2:])
 
 
@@ -190,7 +212,15 @@ class AlternateVLDiT(nn.Module):
             load_triton()  # here, not inside the compiled blocks
         self.grad_sum = None  # the context cast's gradient sum; compile_blocks compiles one (_context_cast)
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
-        self.proj_out_1 = nn.Linear(dim, 2 * dim)
+        if (
+            config.merged_dit_linears
+        ):  # every block's AdaLN projection and proj_out_1 read silu(temb): one GEMM
+            blocks = range(config.dit_num_layers)
+            parts = [(f"transformer_blocks.{i}.norm1.linear", 2 * dim) for i in blocks]
+            self.modulations = MergedLinear(dim, [*parts, ("proj_out_1", 2 * dim)])
+            expose_parts(self, "modulations")
+        else:
+            self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)
 
     def keep_masks(self, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -216,6 +246,10 @@ class AlternateVLDiT(nn.Module):
     ) -> torch.Tensor:
         """tokens [B, T, dim], context [B, S, Dc], buckets [B] int, masks [B, S] bool -> [B, T, hidden_size]."""
         temb = self.timestep_encoder(buckets)
+        if hasattr(self, "modulations"):
+            *modulations, out_modulation = self.modulations.forward_parts(F.silu(temb))
+        else:
+            modulations, out_modulation = [None] * len(self.transformer_blocks), None
         text_mask, image_mask = _never_empty(text_mask), _never_empty(image_mask)
         keeps = self.keep_masks(tokens)
         sources = None
@@ -226,13 +260,15 @@ class AlternateVLDiT(nn.Module):
         for i, block in enumerate(self.transformer_blocks):
             keep = None if keeps is None else keeps[i]
             if i % 2:
-                tokens = block(tokens, temb, keep=keep)
+                tokens = block(tokens, temb, keep=keep, modulation=modulations[i])
             else:
                 mask = text_mask if i % self.text_period == 0 else image_mask
                 kv = kv_cache[i] if kv_cache is not None else None
                 source = context if sources is None else sources[i // 2]
-                tokens = block(tokens, temb, source, mask, kv, keep)
-        shift, scale = self.proj_out_1(F.silu(temb)).chunk(2, dim=1)
+                tokens = block(tokens, temb, source, mask, kv, keep, modulations[i])
+        if out_modulation is None:
+            out_modulation = self.proj_out_1(F.silu(temb))
+        shift, scale = out_modulation.chunk(2, dim=1)
         return self.proj_out_2(self.norm_out(tokens) * (1 + scale[:, None]) + shift[:, None])
 
 

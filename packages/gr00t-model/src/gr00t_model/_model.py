@@ -143,8 +143,9 @@ class GR00TN16(nn.Module):
 
     def once_per_step(self) -> list[tuple[nn.Module, str]]:
         """The eager pieces around the repeated blocks that compile_blocks compiles too, as (owner, method
-        name); each runs once per forward (`Backbone.once_per_step`)."""
-        return self.backbone.once_per_step()
+        name); each runs once per forward (`Backbone.once_per_step`, and the action head's vlln LayerNorm with
+        the cross-attention masks)."""
+        return [*self.backbone.once_per_step(), (self.action_head, "features")]
 
     def compile_blocks(self, **options: Any) -> int:
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do

@@ -35,6 +35,7 @@ LADDER: list[tuple[str, list[str]]] = [
             "optimizations.skip_untouched_rows=false",
             "optimizations.param_remainders=false",
             "optimizations.triton_attention=off",
+            "optimizations.merged_dit_linears=off",
             "optimizations.staged_update=false",
             "optimizations.tf32=true",
             "optimizations.cudnn_benchmark=true",
@@ -57,6 +58,8 @@ LADDER: list[tuple[str, list[str]]] = [
     ("+ master remainders", ["optimizations.param_remainders=true"]),
     # auto: on with CUDA; on a CPU this row repeats the one before
     ("+ Triton DiT attention", ["optimizations.triton_attention=auto"]),
+    # auto: on with CUDA; on a CPU this row repeats the one before
+    ("+ merged DiT linears", ["optimizations.merged_dit_linears=auto"]),
     # each trainable block waits only for its own stage of the update (one GPU, flat step): the same numbers
     ("+ staged update", ["optimizations.staged_update=true"]),
     # the stretch row: FP8 GEMMs for the frozen prefix change the numerics (its own loss-parity run)

@@ -226,6 +226,10 @@ class OptimizationsConfig(_Section):
     layer over the batch sorted by slot, instead of the release's per-sample gather of each slot's matrix
     (GR00TConfig.grouped_embodiment_gemms); with bf16_weights their tables are then held in bf16 too. The
     same products, each slot's weight gradient summed in one GEMM. auto = on with CUDA."""
+    merged_dit_linears: Literal["auto", "on", "off"] = "auto"
+    """The DiT's linears that read one input as one GEMM each: every block's AdaLN projection with proj_out_1,
+    and each self-attention block's q, k and v (GR00TConfig.merged_dit_linears; checkpoints keep the release's
+    names). The same products in fewer, larger GEMMs. auto = on with CUDA."""
     skip_untouched_rows: bool = True
     """With the flat optimizer: the update skips the rows of the per-embodiment tables that no batch has touched
     (vla-overlap's `track_rows`; at more than one rank, no rank's batch). Their gradients and moments are zero, so AdamW would move them by

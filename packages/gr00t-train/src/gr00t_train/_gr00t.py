@@ -39,6 +39,8 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
         fields["trainable_dtype"] = "bfloat16"  # matmul weights only; the optimizer keeps fp32 masters
     grouped = cfg.optimizations.grouped_embodiment_gemms
     fields["grouped_embodiment_gemms"] = grouped == "on" or (grouped == "auto" and device.type == "cuda")
+    merged = cfg.optimizations.merged_dit_linears
+    fields["merged_dit_linears"] = merged == "on" or (merged == "auto" and device.type == "cuda")
     attention = cfg.optimizations.triton_attention
     fields["triton_attention"] = attention == "on" or (attention == "auto" and device.type == "cuda")
     token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
