@@ -9,11 +9,12 @@ from gr00t_model._merged_linear import MergedLinear
 
 
 def _pair(**overrides) -> tuple[GR00TN16, GR00TN16]:
-    torch.manual_seed(0)
-    plain = GR00TN16(GR00TConfig.preset("tiny", **overrides)).train()
-    merged = GR00TN16(GR00TConfig.preset("tiny", merged_dit_linears=True, **overrides)).train()
-    merged.load_state_dict(plain.state_dict(), strict=True)
-    return plain, merged
+    """Both forms built from one seed: the merged Linears take their parts' initial values."""
+    models = []
+    for merged in (False, True):
+        torch.manual_seed(0)
+        models.append(GR00TN16(GR00TConfig.preset("tiny", merged_dit_linears=merged, **overrides)).train())
+    return models[0], models[1]
 
 
 def _release_named_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -49,7 +50,8 @@ def test_state_dicts_keep_the_release_names_and_load_either_way() -> None:
     assert hasattr(dit.transformer_blocks[0].attn1, "to_k")  # cross-attention keeps its own (another input)
     want, got = plain.state_dict(), merged.state_dict()
     assert set(got) == set(want)
-    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert all(torch.equal(got[k], want[k]) for k in want)  # one seed, the same model
+    assert not any(n.endswith(".norm1.linear.weight") for n, _ in merged.named_parameters())
     with torch.no_grad():  # the parts are views: writing one writes the merged weight
         got["action_head.model.transformer_blocks.3.norm1.linear.weight"].fill_(2.0)
         got["action_head.model.transformer_blocks.3.attn1.to_v.bias"].fill_(3.0)
@@ -62,6 +64,24 @@ def test_state_dicts_keep_the_release_names_and_load_either_way() -> None:
         plain.state_dict()["action_head.model.transformer_blocks.3.attn1.to_v.bias"],
         got["action_head.model.transformer_blocks.3.attn1.to_v.bias"],
     )
+
+
+def test_checkpoints_round_trip_between_the_forms(tmp_path) -> None:
+    """save_pretrained of the merged form (the release's names), loaded in either form (built on the meta
+    device, then copied into through the state dict's views)."""
+    from gr00t_model import from_pretrained, save_pretrained
+
+    _, merged = _pair()
+    with torch.no_grad():
+        merged.action_head.model.modulations.weight.add_(1.0)  # values the seed did not give
+    save_pretrained(merged, tmp_path)
+    want = merged.state_dict()
+    for flag in (True, False):
+        model, report = from_pretrained(tmp_path, merged_dit_linears=flag, return_report=True)
+        assert not report.missing and not report.unexpected
+        assert hasattr(model.action_head.model, "modulations") == flag
+        got = model.state_dict()
+        assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), flag
 
 
 def test_a_checkpoint_missing_a_part_reports_the_merged_key() -> None:

@@ -107,26 +107,16 @@ def test_skipping_untouched_embodiment_rows_follows_the_stepped_trajectory(
 def test_merged_dit_linears_train_as_the_release_form_and_save_its_names(
     dataset, tmp_path, train_args, monkeypatch
 ) -> None:
-    """optimizations.merged_dit_linears with bf16 weights and the flat step (its torch arithmetic), started
-    from the release-form run's initial weights (a merged Linear draws its random init in another order): the
-    same losses to bf16 rounding (each merged input gradient sums its parts inside one GEMM, a reassociation),
-    and the trained weights under the release's names."""
+    """optimizations.merged_dit_linears with bf16 weights and the flat step (its torch arithmetic), from the
+    same seed (a merged Linear takes its parts' initial values): the same losses to bf16 rounding (each merged
+    input gradient sums its parts inside one GEMM, a reassociation), and the trained weights under the
+    release's names."""
     import gr00t_train
-    from gr00t_train import _comm, _gr00t
+    from gr00t_train import _comm
     from gr00t_train._build import build_parts
 
     monkeypatch.setattr(_comm, "_flat_kernel", lambda opts, env: "torch")
-    build_model, initial, results = _gr00t.build_model, {}, {}
-
-    def from_initial(*args):
-        model = build_model(*args)
-        if initial:  # the merged run: the plain run's starting weights, by their release names
-            model.load_state_dict(initial, strict=True)
-        else:
-            initial.update({k: v.detach().clone() for k, v in model.state_dict().items()})
-        return model
-
-    monkeypatch.setattr(_gr00t, "build_model", from_initial)
+    results = {}
     for flag in ("off", "on"):
         out = tmp_path / flag
         sets = (*BASE, "optimizations.bf16_weights=true", f"optimizations.merged_dit_linears={flag}")

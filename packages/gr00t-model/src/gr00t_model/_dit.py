@@ -18,7 +18,7 @@ from . import _context_cast as context_cast
 from ._attention import attention, load_triton
 from ._config import GR00TConfig
 from ._keep_mask import draw_keep_mask
-from ._merged_linear import MergedLinear, expose_parts
+from ._merged_linear import merge_linears
 
 # The self-attention blocks (51 tokens, head dim 48, no mask) run fastest on SDPA's memory-efficient kernel on
 # an H200: 0.031 ms forward + backward per block against 0.042 for cuDNN, SDPA's own pick there
@@ -74,12 +74,12 @@ class TimestepEncoder(nn.Module):
 
 
 class AdaLayerNorm(nn.Module):
-    """LayerNorm without affine, then x * (1 + scale) + shift with (scale, shift) = Linear(SiLU(temb)). With
-    `own_linear` False the DiT computes that modulation for every block at once and passes it in."""
+    """LayerNorm without affine, then x * (1 + scale) + shift with (scale, shift) = Linear(SiLU(temb)). Where
+    the DiT merged every block's `linear` into one (merged_dit_linears), it passes the modulation in."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, own_linear: bool = True) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.linear = nn.Linear(dim, 2 * dim) if own_linear else None
+        self.linear = nn.Linear(dim, 2 * dim)
         self.norm = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None, modulation=None) -> torch.Tensor:
@@ -106,13 +106,11 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.triton = heads, head_dim, False
         inner, source = heads * head_dim, context_dim or dim
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(source, inner)
+        self.to_v = nn.Linear(source, inner)
         if merged and context_dim is None:
-            self.to_qkv = MergedLinear(dim, [("to_q", inner), ("to_k", inner), ("to_v", inner)])
-            expose_parts(self, "to_qkv")
-        else:
-            self.to_q = nn.Linear(dim, inner)
-            self.to_k = nn.Linear(source, inner)
-            self.to_v = nn.Linear(source, inner)
+            merge_linears(self, "to_qkv", ["to_q", "to_k", "to_v"])
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), Dropout(dropout)])
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,7 +174,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, config: GR00TConfig, context_dim: int | None) -> None:
         super().__init__()
         dim, p, merged = config.input_embedding_dim, config.dit_dropout, config.merged_dit_linears
-        self.norm1 = AdaLayerNorm(dim, own_linear=not merged)
+        self.norm1 = AdaLayerNorm(dim)
         self.attn1 = Attention(dim, config.dit_num_heads, config.dit_head_dim, p, context_dim, merged)
         self.final_dropout = Dropout(p)
         self.norm3 = nn.LayerNorm(dim, eps=1e-5, elementwise_affine=False)
@@ -212,16 +210,11 @@ class AlternateVLDiT(nn.Module):
             load_triton()  # here, not inside the compiled blocks
         self.grad_sum = None  # the context cast's gradient sum; compile_blocks compiles one (_context_cast)
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
-        if (
-            config.merged_dit_linears
-        ):  # every block's AdaLN projection and proj_out_1 read silu(temb): one GEMM
-            blocks = range(config.dit_num_layers)
-            parts = [(f"transformer_blocks.{i}.norm1.linear", 2 * dim) for i in blocks]
-            self.modulations = MergedLinear(dim, [*parts, ("proj_out_1", 2 * dim)])
-            expose_parts(self, "modulations")
-        else:
-            self.proj_out_1 = nn.Linear(dim, 2 * dim)
+        self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)
+        if config.merged_dit_linears:  # all read silu(temb): one GEMM for every block's AdaLN and proj_out_1
+            blocks = [f"transformer_blocks.{i}.norm1.linear" for i in range(config.dit_num_layers)]
+            merge_linears(self, "modulations", [*blocks, "proj_out_1"])
 
     def keep_masks(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Every block's dropout keep-masks from one Bernoulli draw, [blocks, (3 + ff_mult) * tokens.numel()]

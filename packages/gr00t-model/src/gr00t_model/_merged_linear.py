@@ -4,8 +4,9 @@ The DiT's small projections leave an H200 mostly idle: every block's AdaLN proje
 silu(temb) with 16 rows (a weight-bound [16, 1536] x [1536, 3072] GEMM per block), and a self-attention
 block's q, k and v read the same 816 rows. One GEMM over the parts' stacked rows computes each output element
 from the same products; the input gradient sums the parts inside the GEMM's fp32 accumulation instead of
-after it. Checkpoints keep the release's layout: `expose_parts` makes state dicts list the parts under their
-own names (views of the merged tensors) and folds them back on loading.
+after it. `merge_linears` builds one from the parts, so a seeded model starts from the same weights either
+way. Checkpoints keep the release's layout: state dicts list the parts under their own names (views of the
+merged tensors) and loading folds them back.
 """
 
 from __future__ import annotations
@@ -20,13 +21,41 @@ class MergedLinear(nn.Linear):
     """One Linear whose output rows are those of `parts`: (name relative to the owner given to
     `expose_parts`, out_features), in order."""
 
-    def __init__(self, in_features: int, parts: list[tuple[str, int]], bias: bool = True) -> None:
-        super().__init__(in_features, sum(rows for _, rows in parts), bias=bias)
+    def __init__(
+        self, in_features: int, parts: list[tuple[str, int]], bias: bool = True, device=None, dtype=None
+    ) -> None:
+        super().__init__(in_features, sum(rows for _, rows in parts), bias=bias, device=device, dtype=dtype)
         self.parts = list(parts)
 
     def forward_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each part's output: views of the one product."""
         return self(x).split([rows for _, rows in self.parts], dim=-1)
+
+
+def merge_linears(owner: nn.Module, name: str, parts: list[str]) -> MergedLinear:
+    """Replace the nn.Linear submodules at `parts` (paths below `owner`, one input size, all with or all
+    without bias) by one MergedLinear `owner.<name>` holding their weights and biases, and make `owner`'s
+    state dicts keep the parts' names (`expose_parts`)."""
+    linears = [owner.get_submodule(path) for path in parts]
+    first = linears[0]
+    merged = nn.utils.skip_init(  # no initialization of its own: it takes the parts' values
+        MergedLinear,
+        first.in_features,
+        [(path, linear.out_features) for path, linear in zip(parts, linears)],
+        bias=first.bias is not None,
+        device=first.weight.device,
+        dtype=first.weight.dtype,
+    )
+    with torch.no_grad():
+        merged.weight.copy_(torch.cat([linear.weight for linear in linears]))
+        if merged.bias is not None:
+            merged.bias.copy_(torch.cat([linear.bias for linear in linears]))
+    for path in parts:
+        parent, _, leaf = path.rpartition(".")
+        delattr(owner.get_submodule(parent), leaf)
+    setattr(owner, name, merged)
+    expose_parts(owner, name)
+    return merged
 
 
 def expose_parts(owner: nn.Module, name: str) -> None:
