@@ -140,3 +140,25 @@ def test_merged_dit_linears_train_as_the_release_form_and_save_its_names(
         torch.testing.assert_close(merged[key], plain[key], rtol=0, atol=bound, msg=key)
     moved = torch.cat([(merged[k] - plain[k]).abs().flatten() for k in plain])
     assert moved.mean() < 0.01 * 3e-3, moved.mean()  # such sign changes stay rare (measured: 0.003 lr)
+
+
+def test_a_checkpoint_resumes_only_in_its_own_form_and_says_so_before_building(
+    dataset, tmp_path, train_args, capsys
+) -> None:
+    """The merged DiT linears change the parameters the optimizer state holds: resuming a checkpoint of the
+    other form stops at the start (exit 2) naming the switch and the value that resumes it."""
+    from gr00t_train.cli import main
+
+    out = tmp_path / "run"
+    sets = ("steps=2", "checkpoint.every=2", "precision=bf16")
+    assert main(train_args(dataset, out, *sets, "optimizations.merged_dit_linears=off")) == 0
+    capsys.readouterr()
+    argv = train_args(dataset, out, "steps=4", "precision=bf16", "optimizations.merged_dit_linears=on")
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "optimizations.merged_dit_linears: " in err and "written with the DiT's linears unmerged" in err
+    assert "Resume with --set optimizations.merged_dit_linears=off" in err
+    assert max(r.step for r in trainer_records(out)) == 2  # nothing trained
+    assert (
+        main([*train_args(dataset, out, "steps=4", "precision=bf16"), "--resume"]) == 0
+    )  # auto: off on a CPU

@@ -39,13 +39,19 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
         fields["trainable_dtype"] = "bfloat16"  # matmul weights only; the optimizer keeps fp32 masters
     grouped = cfg.optimizations.grouped_embodiment_gemms
     fields["grouped_embodiment_gemms"] = grouped == "on" or (grouped == "auto" and device.type == "cuda")
-    merged = cfg.optimizations.merged_dit_linears
-    fields["merged_dit_linears"] = merged == "on" or (merged == "auto" and device.type == "cuda")
+    fields["merged_dit_linears"] = merges_dit_linears(cfg, device.type)
     attention = cfg.optimizations.triton_attention
     fields["triton_attention"] = attention == "on" or (attention == "auto" and device.type == "cuda")
     token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
     fields["image_token_id"] = token_id
     return fields
+
+
+def merges_dit_linears(cfg: TrainConfig, device_type: str) -> bool:
+    """Whether the model runs the DiT's merged linears (optimizations.merged_dit_linears, auto = on with
+    CUDA). It changes the trainable parameters' layout, so the optimizer state of one form fits only it."""
+    merged = cfg.optimizations.merged_dit_linears
+    return merged == "on" or (merged == "auto" and device_type == "cuda")
 
 
 def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:

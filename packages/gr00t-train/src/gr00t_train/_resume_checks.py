@@ -1,5 +1,6 @@
 """Whether a checkpoint can be resumed by this run: the same world size, per-device batch, seed, shuffling
-and dataset (a resume continues the exact trajectory), checked before the model is built (exit 2 otherwise)."""
+and dataset (a resume continues the exact trajectory) and the same parameter layout (the optimizer state is
+per parameter), checked before the model is built (exit 2 otherwise)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, dataset_fingerprint
 from ._config import TrainConfig
 from ._errors import ConfigError
+from ._gr00t import merges_dit_linears
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
                 f"--set {name}={before}. {fresh}",
             )
     _check_same_dataset(path, cfg, state, _dotted(saved, "data.dataset"), fresh)
+    _check_same_layout(path, cfg)
     _warn_other_cpu_threads(path, state.get("cpu_threads"))
     saved_global = state.get("global_batch")
     now_global = batch * cfg.optim.grad_accum * world_size
@@ -101,6 +104,29 @@ def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], bef
         f"dataset, resume with --set data.dataset={before}; if {now} is a copy, copy it whole (meta/ "
         f"included) or resume from the old path. {fresh}",
     )
+
+
+def _check_same_layout(path: Path, cfg: TrainConfig) -> None:
+    """The DiT's merged linears (optimizations.merged_dit_linears) change which parameters the optimizer
+    state holds: a checkpoint resumes only in its own form. Its weights load into either (model.checkpoint)."""
+    try:  # the model's config, as gr00t_model's save_pretrained wrote it; absent before the merged form
+        model_config = json.loads((path / "config.json").read_text()).get("config", {})
+    except (OSError, ValueError, AttributeError):
+        return
+    saved = bool(model_config.get("merged_dit_linears", False))
+    wanted = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    now = merges_dit_linears(cfg, wanted)
+    if saved != now:
+        flag = cfg.optimizations.merged_dit_linears
+        raise ConfigError(
+            "optimizations.merged_dit_linears",
+            f"{path} was written with the DiT's linears {'merged' if saved else 'unmerged'}; this run has "
+            f"optimizations.merged_dit_linears={flag}, which on {wanted} {'merges' if now else 'does not merge'} "
+            "them, and the optimizer state fits only the form it was saved from. Resume with --set "
+            f"optimizations.merged_dit_linears={'on' if saved else 'off'}. To train on from these weights "
+            f"(they load into either form) with a fresh optimizer, start a new run with --set "
+            f"model.checkpoint={path}",
+        )
 
 
 def _saved_config(path: Path) -> dict[str, Any]:
