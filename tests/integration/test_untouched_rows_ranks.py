@@ -44,8 +44,10 @@ finally:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_ranks_share_their_row_records_and_follow_the_stepped_trajectory(dataset, tmp_path, train_args):
+    # with the DiT's merged linears on, so that their ZeRO-1 shards at two ranks are covered too
     sets = ("steps=3", "precision=bf16", "optimizations.comm=zero1_overlap", "optimizations.graph=per_microbatch",
-            "optimizations.bf16_weights=true", "optimizations.grouped_embodiment_gemms=on")  # fmt: skip
+            "optimizations.bf16_weights=true", "optimizations.grouped_embodiment_gemms=on",
+            "optimizations.merged_dit_linears=on")  # fmt: skip
     overrides = [s for s in train_args(dataset, tmp_path, *sets)[4::2] if not s.startswith("output_dir=")]
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
