@@ -110,6 +110,15 @@ def test_the_merged_dit_computes_the_release_loss_and_gradients(compute_dtype) -
     assert any(g.abs().sum() > 0 for n, g in grads_b.items() if ".norm1.linear." in n)
 
 
+def test_inference_with_the_cached_cross_attention_keys_matches_the_release_form() -> None:
+    plain, merged = (model.eval() for model in _pair())
+    batch = make_dummy_batch(plain.config, 2, num_images=1)
+    noise = torch.randn(2, plain.config.action_horizon, plain.config.max_action_dim)
+    with torch.no_grad():
+        want, got = plain.get_action(batch, noise=noise), merged.get_action(batch, noise=noise)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # fp32: the same products, as in training
+
+
 @pytest.mark.gpu
 def test_on_cuda_the_merged_dit_is_as_close_to_fp64_as_the_release_form() -> None:
     """n1.6-3b's DiT shapes (4 of its 32 blocks) under bf16 autocast on our attention kernels: the merged GEMMs'
