@@ -18,8 +18,8 @@ from torch import nn
 
 
 class MergedLinear(nn.Linear):
-    """One Linear whose output rows are those of `parts`: (name relative to the owner given to
-    `expose_parts`, out_features), in order."""
+    """One Linear whose output rows are those of `parts`: (path relative to the owner given to
+    `merge_linears`, out_features), in order."""
 
     def __init__(
         self, in_features: int, parts: list[tuple[str, int]], bias: bool = True, device=None, dtype=None

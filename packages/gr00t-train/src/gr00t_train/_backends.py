@@ -12,6 +12,7 @@ import os
 import torch
 
 from ._config import TrainConfig
+from ._distributed import device_type
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 def wants_zero_gemm_workspace(cfg: TrainConfig) -> bool:
     """Whether the run asks cuBLAS for no workspace (`optimizations.gemm_workspace`)."""
     choice = cfg.optimizations.gemm_workspace
-    on_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    on_cuda = device_type(cfg.device) == "cuda"
     return choice == "zero" or (choice == "auto" and on_cuda and cfg.optimizations.graph != "eager")
 
 

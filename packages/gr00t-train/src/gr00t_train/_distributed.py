@@ -55,11 +55,16 @@ class DistEnv:
         return tensor
 
 
+def device_type(preference: str) -> str:
+    """ "cuda" or "cpu": what `preference` (auto, cpu, cuda) resolves to, touching no device."""
+    return "cuda" if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     """`auto` = this rank's GPU when CUDA is available, else the CPU."""
     if preference == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda was asked for but CUDA is not available; use --set device=cpu")
-    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+    if device_type(preference) == "cuda":
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

@@ -13,6 +13,7 @@ import torch
 
 from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, dataset_fingerprint
 from ._config import TrainConfig
+from ._distributed import device_type
 from ._errors import ConfigError
 from ._gr00t import merges_dit_linears
 
@@ -114,7 +115,7 @@ def _check_same_layout(path: Path, cfg: TrainConfig) -> None:
     except (OSError, ValueError, AttributeError):
         return
     saved = bool(model_config.get("merged_dit_linears", False))
-    wanted = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    wanted = device_type(cfg.device)
     now = merges_dit_linears(cfg, wanted)
     if saved != now:
         flag = cfg.optimizations.merged_dit_linears
