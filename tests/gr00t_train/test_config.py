@@ -12,8 +12,9 @@ from gr00t_train import ConfigError, TrainConfig, apply_overrides, load_config
 
 
 def test_defaults_and_presets_are_valid() -> None:
-    assert TrainConfig().optimizations.graph == "eager"
+    assert TrainConfig().optimizations.graph == "auto"
     demo, libero = gr00t_train.demo_config(), gr00t_train.libero_config()
+    assert libero.optimizations == gr00t_train.OptimizationsConfig()  # presets name only what differs
     assert demo.model.preset == "tiny" and demo.optimizations.data == "async"
     assert libero.model.preset == "n1.6-3b" and libero.data.batch_size == 16
     assert libero.data.cameras == ["image", "wrist_image"]
@@ -67,12 +68,12 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
         (
             "optimizations.comm=nccl",
             "optimizations.comm: 'nccl' is not one of the allowed values: "
-            "allreduce_after_backward, ddp, overlap, zero1_overlap",
+            "auto, allreduce_after_backward, ddp, overlap, zero1_overlap",
         ),
         (
             "optimizations.graph=cuda",
             "optimizations.graph: 'cuda' is not one of the allowed values: "
-            "eager, full_iteration, per_microbatch",
+            "auto, eager, full_iteration, per_microbatch",
         ),
         (
             "optimizations.data=threads",
@@ -91,8 +92,8 @@ def test_overrides_are_parsed_by_field_type(override: str, path: tuple, expected
         ("lr", "must look like section.field=value"),
         ("logging.profile_steps=-1", "logging.profile_steps: must be >= 0"),
         (
-            "optimizations.triton_attention=yes",
-            "optimizations.triton_attention: 'yes' is not one of the allowed",
+            "optimizations.triton_attention=maybe",
+            "optimizations.triton_attention: 'maybe' is not one of the allowed",
         ),
         (
             "logging.profile_steps=20000",
@@ -221,7 +222,7 @@ def test_the_flat_optimizer_needs_zero1_and_a_gpu() -> None:
         ConfigError,
         match="optimizations.flat_optimizer: is DistributedAdamW's step: needs comm=zero1_overlap",
     ):
-        apply_overrides(TrainConfig(), ["optimizations.flat_optimizer=on"])
+        apply_overrides(TrainConfig(), ["optimizations.flat_optimizer=on", "optimizations.comm=overlap"])
     with pytest.raises(
         ConfigError, match="optimizations.flat_optimizer: is a Triton kernel: it needs device=cuda"
     ):

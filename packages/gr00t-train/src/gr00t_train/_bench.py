@@ -80,6 +80,7 @@ def ladder_configs(base: TrainConfig, steps: int, warmup: int) -> list[tuple[str
         "checkpoint.every=0",
         "checkpoint.resume=none",
         "optim.warmup_ratio=0",
+        "eval.every=0",  # rows time the step; validation has its own cost line in a run's summary
     ]
     rows, switches = [], []
     for index, (name, changes) in enumerate(LADDER):

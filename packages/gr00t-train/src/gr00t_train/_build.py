@@ -27,7 +27,8 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
     LeRobot-style baseline loader -> gr00t_model model, loss and random draws."""
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
-    tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
+    facts = _gr00t.start_facts(cfg)  # random weights or the test tokenizer on a large preset: said now
+    tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
     model = _gr00t.build_model(cfg, env.device, tokenizer)
     data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
     processor = _data.make_processor(data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len)
@@ -49,7 +50,9 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
         data.features.source,
     )
     save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
-    return model_parts(cfg, env, model, source, save, flops, tokens)
+    parts = model_parts(cfg, env, model, source, save, flops, tokens)
+    parts.facts = facts
+    return parts
 
 
 def save_dataset_meta(module: torch.nn.Module, folder: Path, data) -> None:

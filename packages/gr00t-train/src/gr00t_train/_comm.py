@@ -89,7 +89,7 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             log.info("weight gradients: %d linear layers write their gradient buffers directly", routed)
         if opts.comm == "zero1_overlap":
             flat = _flat_kernel(opts, env)
-            remainders = opts.param_remainders and opts.bf16_weights and flat is not None
+            remainders = opts.param_remainders and opts.bf16_weights == "on" and flat is not None
             optimizer = vla_overlap.DistributedAdamW(
                 wrapped, groups, **adamw, flat=flat, remainders=remainders
             )
@@ -108,7 +108,7 @@ def _grad_buffer_dtype(cfg: TrainConfig, env: DistEnv) -> torch.dtype | None:
     and the step move 6 fewer bytes per parameter and the buffers hold 3.2 GB less for n1.6-3b (on an H200:
     215.2 -> 220.7 samples/s, peak memory 29.8 -> 27.4 GiB)."""
     opts = cfg.optimizations
-    in_place = opts.bf16_weights and _flat_kernel(opts, env) is not None
+    in_place = opts.bf16_weights == "on" and _flat_kernel(opts, env) is not None
     return None if in_place and cfg.optim.grad_accum == 1 and env.world_size == 1 else torch.float32
 
 

@@ -6,27 +6,11 @@ Every field has a default, can be set from a TOML/YAML file and overridden on th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Literal
 
-from ._config_types import check_fields, require
-
-DataMode = Literal["dataloader", "sync", "async"]
-CommMode = Literal["allreduce_after_backward", "ddp", "overlap", "zero1_overlap"]
-GraphMode = Literal["eager", "full_iteration", "per_microbatch"]
-
-
-class _Section:
-    """Type-checks all fields, then runs the section's own range checks."""
-
-    renamed_fields: ClassVar[dict[str, str]] = {}
-    """Former field names still accepted when a config is read (old name -> current name)."""
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        self._check()
-
-    def _check(self) -> None:
-        pass
+from ._config_types import Section as _Section
+from ._config_types import require
+from ._optimizations import OptimizationsConfig
 
 
 @dataclass(kw_only=True)
@@ -75,8 +59,18 @@ class DataConfig(_Section):
     max_bad_fraction: float = 0.01
     """Samples whose video fails to decode are skipped (replaced by another sample, with a warning per
     episode); the run stops (exit 2) once more than this fraction of the samples seen was skipped."""
+    val_episodes: float = 0.05
+    """Episodes held out of training for validation (eval.every): a whole number (>= 1) of episodes, or a
+    fraction in (0, 1) of the dataset's episodes, rounded down; 0 = none. The held-out episodes are spread
+    evenly over the dataset's episode order (deterministic: the same for every run of the dataset)."""
 
     def _check(self) -> None:
+        val = self.val_episodes
+        require(
+            val >= 0 and (val < 1 or float(val).is_integer()),
+            "val_episodes",
+            f"must be 0, a whole number of episodes or a fraction in (0, 1), got {val}",
+        )
         require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
         timeout = self.worker_timeout_s
         require(timeout > 0, "worker_timeout_s", f"must be > 0 seconds, got {timeout}")
@@ -155,130 +149,6 @@ class OptimConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class OptimizationsConfig(_Section):
-    """One switch per speed-up, so each row of the ablation ladder is one command line."""
-
-    renamed_fields: ClassVar[dict[str, str]] = {"bucket_mb": "bucket_mib"}
-
-    data: DataMode = "async"
-    """async: vla-io's three-level pipeline; sync: the same, loaded in the training loop; dataloader: the
-    LeRobot-style baseline (a torch DataLoader with workers over single samples, the processor in the
-    workers, images prepared on the CPU)."""
-    comm: CommMode = "overlap"
-    """Gradient communication: all-reduce after backward, torch DDP, overlapped buckets, or ZeRO-1 + overlap."""
-    graph: GraphMode = "eager"
-    """CUDA graphs: none, the whole iteration as one graph, or one graph per microbatch (CUDA only)."""
-    fused_optimizer: bool = True
-    """Fused AdamW kernel (one launch for all parameters)."""
-    tf32: bool = True
-    """TF32 matmuls and convolutions for fp32 work on CUDA."""
-    cudnn_benchmark: bool = True
-    """cuDNN autotuning for fixed shapes."""
-    gemm_workspace: Literal["auto", "zero", "default"] = "auto"
-    """zero: no cuBLAS workspace, so cuBLAS picks its static-scheduler GEMM kernels. Its default
-    dynamic-scheduler kernels need a 4-byte counter zeroed before each launch, and in a CUDA graph each such
-    memset costs about 5 us of idle GPU (n1.6-3b: about 330 per step, +1.4% samples/s without them on an
-    H200). Split-K GEMMs, which need a workspace, are then not chosen. auto = zero on CUDA with a graph mode.
-    With torch 2.11 and older it works through CUBLAS_WORKSPACE_CONFIG=:0:0, which torch reads at the process's
-    first GEMM (a value the caller set is kept; `gr00t-train train` and `bench`, for its last row, set it
-    first thing). In a process that ran a GEMM before, cuBLAS keeps its default."""
-    bucket_mib: float = 100.0
-    """Gradient bucket size of our comm modes, in MiB of gradient buffer (fp32: 100 MiB = 26.2 M elements).
-    Formerly `bucket_mb`, which configs and checkpoints may still use."""
-    graph_warmup: int = 3
-    """Eager steps before a CUDA graph is captured."""
-    compile: Literal["auto", "on", "off"] = "auto"
-    """torch.compile every repeated block of the model (vision, LLM and DiT blocks; each block type compiles
-    once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
-    bf16_weights: bool = False
-    """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
-    the optimizer, which writes the bf16 copy; gradients accumulate in fp32 (where nothing accumulates, at one
-    microbatch on one rank, the flat step reads them in bf16 in place: the same values). The same numbers as
-    fp32 weights under autocast. Needs comm=zero1_overlap (the master weights live in its optimizer) and
-    precision bf16."""
-    fp8_frozen: bool = False
-    """Compute the frozen prefix's linear layers (SigLIP2 encoder, connector, frozen Qwen3 layers) in FP8
-    with rowwise scales, weights quantized once at start (CUDA with compute capability 8.9+). Changes the
-    numerics, so it is off by default and has its own loss-parity row; needs the vision side frozen."""
-    flat_optimizer: Literal["auto", "on", "off"] = "auto"
-    """DistributedAdamW's one-pass Triton step: per gradient bucket, one kernel reads the gradient (clipped on
-    the fly), updates the moments and the fp32 master and writes the bf16 weight (about 11 ms alone for
-    n1.6-3b on an H200; torch's fused AdamW and the write-back 21-24 ms). auto = on with comm=zero1_overlap
-    on CUDA; on needs both.
-    """
-    param_remainders: bool = True
-    """Where the flat optimizer steps bf16 weights (bf16_weights, on CUDA): keep each fp32 master weight as its
-    bf16 weight plus a 16-bit remainder while stepping (vla-overlap's `remainders`), so the update moves 26
-    instead of 28 bytes per parameter: +1.7 samples/s for n1.6-3b on an H200 (BENCHMARKS.md, twelfth pass).
-    A master at an exact rounding tie moves one fp32 ulp (about one element in 65536 per step); the bf16
-    weight stays autocast's rounding of the master, and checkpoints hold fp32 masters. The remainders take 2
-    bytes per trainable parameter of memory (the fp32 masters stay allocated for checkpoints)."""
-    triton_attention: Literal["auto", "on", "off"] = "auto"
-    """The DiT's attention through gr00t-model's Triton flash kernels (GR00TConfig.triton_attention) instead of
-    SDPA's (BENCHMARKS.md, twelfth pass). auto = on with CUDA; elsewhere SDPA runs either way."""
-    weight_grads_in_place: bool = True
-    """Where the gradient buffers hold the weights' own dtype (bf16 weights with the flat step, one microbatch,
-    one rank), each trainable nn.Linear's weight-gradient GEMM writes its buffer directly instead of a new
-    tensor that a hook then copies (vla-overlap's `write_weight_grads_in_place`). The same GEMM, one pass over
-    the gradients fewer."""
-    grouped_embodiment_gemms: Literal["auto", "on", "off"] = "auto"
-    """Compute the per-embodiment projections (state/action encoders, action decoder) as one grouped GEMM per
-    layer over the batch sorted by slot, instead of the release's per-sample gather of each slot's matrix
-    (GR00TConfig.grouped_embodiment_gemms); with bf16_weights their tables are then held in bf16 too. The
-    same products, each slot's weight gradient summed in one GEMM. auto = on with CUDA."""
-    merged_dit_linears: Literal["auto", "on", "off"] = "auto"
-    """The DiT's linears that read one input as one GEMM each: every block's AdaLN projection with proj_out_1,
-    and each self-attention block's q, k and v (GR00TConfig.merged_dit_linears; checkpoints keep the release's
-    names). The same products in fewer, larger GEMMs. auto = on with CUDA."""
-    skip_untouched_rows: bool = True
-    """With the flat optimizer: the update skips the rows of the per-embodiment tables that no batch has touched
-    (vla-overlap's `track_rows`; at more than one rank, no rank's batch). Their gradients and moments are zero, so AdamW would move them by
-    weight decay alone, which the step still applies (and which rounds to nothing at lr 1e-4, weight decay
-    1e-5): the same result. Fine-tuning on one embodiment, 31 of 32 slots (20% of n1.6-3b's trainable weights)
-    are never touched."""
-    optimizer_overlap: bool = False
-    """Run the optimizer step on a side CUDA stream while the next step's frozen forward (vision tower and
-    frozen LLM layers, which read no trainable weight) runs; the trainable part waits for it."""
-    staged_update: bool = True
-    """With optimizer_overlap and the flat optimizer at one GPU: step the parameters in the order the forward
-    first reads them, a fence after each trainable block, so each block waits only for its own parameters and
-    the update's tail runs beside the first trainable layers (vla-overlap's `stage_update`); the same
-    arithmetic, bitwise, in another order."""
-    grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
-    """The dtype gradients travel in between ranks (bfloat16: half the bytes); they accumulate in fp32 either
-    way. Not with comm=ddp."""
-    sync_in_graph: bool = True
-    """With a graph mode and comm=overlap or zero1_overlap: capture the gradient collectives in the graph that
-    holds the last microbatch, launched bucket by bucket from its backward, so they overlap with it at replay
-    (else they run after the replay, exposed). The exposed part is then inside `compute` in the breakdown."""
-
-    def _check(self) -> None:
-        require(self.bucket_mib > 0, "bucket_mib", f"must be > 0, got {self.bucket_mib}")
-        require(self.graph_warmup >= 1, "graph_warmup", f"must be >= 1, got {self.graph_warmup}")
-        require(
-            not self.bf16_weights or self.comm == "zero1_overlap",
-            "bf16_weights",
-            f"needs comm=zero1_overlap (its optimizer holds the fp32 master weights), got comm={self.comm!r}",
-        )
-        require(
-            self.flat_optimizer != "on" or self.comm == "zero1_overlap",
-            "flat_optimizer",
-            f"is DistributedAdamW's step: needs comm=zero1_overlap, got comm={self.comm!r}",
-        )
-        require(
-            self.comm != "ddp" or self.grad_reduce_dtype == "float32",
-            "grad_reduce_dtype",
-            "bfloat16 reduction needs one of our comm modes (overlap, zero1_overlap, allreduce_after_backward)",
-        )
-        require(
-            self.comm != "ddp" or self.graph == "eager",
-            "graph",
-            f"{self.graph!r} cannot run with comm='ddp' (torch DDP communicates from autograd hooks, which "
-            "do not fire during graph replay); use comm=overlap or zero1_overlap with graphs",
-        )
-
-
-@dataclass(kw_only=True)
 class CheckpointConfig(_Section):
     """When and where checkpoints are written, and what to resume from."""
 
@@ -295,6 +165,10 @@ class CheckpointConfig(_Section):
     existing_run: Literal["error", "new_run", "overwrite"] = "error"
     """A fresh run into a folder that holds another run's files: error (exit 2), new_run (move them to
     `previous-runs/<run id>/` and start afresh) or overwrite (delete them). `--new-run`, `--overwrite`."""
+    resume_changed: list[str] | None = None
+    """Settings a resume may change although they change the run's trajectory (`--resume-changed KEY`, e.g.
+    optim.lr): each change is logged and recorded in the checkpoints and summary.json. Without it, a resume
+    that changes such a setting stops (exit 2) before the model is built."""
 
     def _check(self) -> None:
         require(self.every >= 0, "every", f"must be >= 0 (0 = only at the end), got {self.every}")
@@ -332,6 +206,24 @@ class LoggingConfig(_Section):
 
 
 @dataclass(kw_only=True)
+class EvalConfig(_Section):
+    """Open-loop validation on the held-out episodes (data.val_episodes) while training."""
+
+    every: int = 500
+    """Validate every this many steps and after the last one; 0 = never. A validation predicts the action
+    chunks of a fixed set of held-out samples and reports their MSE (per joint group and overall, on the
+    normalized scale) next to predicting the training set's mean action, in metrics.jsonl, TensorBoard,
+    loss.png and summary.json."""
+    batches: int = 4
+    """Batches of data.batch_size held-out samples per validation: a fixed, seeded choice of frames (fewer
+    when the held-out episodes hold fewer)."""
+
+    def _check(self) -> None:
+        require(self.every >= 0, "every", f"must be >= 0 (0 = never), got {self.every}")
+        require(self.batches >= 1, "batches", f"must be >= 1, got {self.batches}")
+
+
+@dataclass(kw_only=True)
 class TrainConfig(_Section):
     """Everything one training run needs."""
 
@@ -353,11 +245,12 @@ class TrainConfig(_Section):
     optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def _check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         require(
-            not (self.optimizations.bf16_weights and self.precision == "fp32"),
+            not (self.optimizations.bf16_weights == "on" and self.precision == "fp32"),
             "optimizations.bf16_weights",
             "needs bf16 autocast; it cannot run with precision=fp32",
         )

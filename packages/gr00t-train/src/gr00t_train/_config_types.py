@@ -9,7 +9,7 @@ import json
 import math
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from ._errors import ConfigError
 
@@ -30,6 +30,8 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is Literal:
+        if {"on", "off"} <= set(args) and (isinstance(value, bool) or str(value).lower() in _TRUE | _FALSE):
+            value = "on" if _as_bool(value if isinstance(value, bool) else str(value), name) else "off"
         if value not in args:
             allowed = ", ".join(map(str, args))
             raise ConfigError(name, f"{value!r} is not one of the allowed values: {allowed}")
@@ -120,3 +122,17 @@ def require(condition: bool, name: str, message: str) -> None:
     """Raise ConfigError(name, message) unless `condition` holds."""
     if not condition:
         raise ConfigError(name, message)
+
+
+class Section:
+    """A config section: type-checks all fields on construction, then runs the section's own range checks."""
+
+    renamed_fields: ClassVar[dict[str, str]] = {}
+    """Former field names still accepted when a config is read (old name -> current name)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self._check()
+
+    def _check(self) -> None:
+        pass

@@ -88,6 +88,11 @@ class CheckpointError(RuntimeError):
     names the folder or file and the reason."""
 
 
+class PeerLostError(RuntimeError):
+    """Another process of a multi-process run died or stopped answering: the message names its rank and the
+    newest intact checkpoint to resume from (this process cannot write a new one without it)."""
+
+
 class NonFiniteWeightsError(FloatingPointError):
     """The model's weights became NaN or infinite: no checkpoint is written from them."""
 

@@ -3,6 +3,7 @@ outside graphs, checkpoint saving/loading, and the analytic FLOPs for MFU."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -32,10 +33,10 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
     }
     precision = cfg.precision
     if precision == "auto":  # CPU: the preset's own choice, unless bf16 weights need autocast
-        precision = "bf16" if device.type == "cuda" or cfg.optimizations.bf16_weights else None
+        precision = "bf16" if device.type == "cuda" or cfg.optimizations.bf16_weights == "on" else None
     if precision is not None:
         fields.update(_PRECISION[precision])
-    if cfg.optimizations.bf16_weights:
+    if cfg.optimizations.bf16_weights == "on":
         fields["trainable_dtype"] = "bfloat16"  # matmul weights only; the optimizer keeps fp32 masters
     grouped = cfg.optimizations.grouped_embodiment_gemms
     fields["grouped_embodiment_gemms"] = grouped == "on" or (grouped == "auto" and device.type == "cuda")
@@ -54,6 +55,58 @@ def merges_dit_linears(cfg: TrainConfig, device_type: str) -> bool:
     return merged == "on" or (merged == "auto" and device_type == "cuda")
 
 
+LARGE_MODEL = 500_000_000
+"""Parameters from which random initial weights or the bundled test tokenizer are worth a warning."""
+RELEASE_HINT = (
+    "To fine-tune the released GR00T-N1.6-3B, download it (`hf download nvidia/GR00T-N1.6-3B --local-dir "
+    "DIR`) and pass --set model.checkpoint=DIR --set model.tokenizer=TOKENIZER_DIR (README: fine-tuning the "
+    "release)"
+)
+
+
+def tokenizer_path(cfg: TrainConfig) -> str | None:
+    """The tokenizer the run uses: model.tokenizer; else, when model.checkpoint is one of our training
+    checkpoints, the one that checkpoint's run used (None = gr00t_model's bundled tokenizer)."""
+    if cfg.model.tokenizer is not None or not cfg.model.checkpoint:
+        return cfg.model.tokenizer
+    recorded = Path(cfg.model.checkpoint) / "train_config.json"
+    if not recorded.is_file():
+        return None
+    try:
+        return json.loads(recorded.read_text()).get("model", {}).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def start_facts(cfg: TrainConfig) -> dict:
+    """Where the run starts (initial weights, tokenizer) for summary.json, warning (before the model is built)
+    when a large preset starts from random weights or with the bundled byte-level test tokenizer."""
+    tokenizer = tokenizer_path(cfg)
+    warnings = []
+    try:
+        large = gr00t_model.count_parameters(GR00TConfig.preset(cfg.model.preset))["total"] >= LARGE_MODEL
+    except (ValueError, KeyError):
+        large = False  # an unknown preset is refused when the model is built
+    if large and not cfg.model.checkpoint:
+        warnings.append(
+            f"model.checkpoint is not set: {cfg.model.preset} trains from random weights, not from the "
+            f"release. {RELEASE_HINT}"
+        )
+    if large and tokenizer is None:
+        warnings.append(
+            "model.tokenizer is not set: the bundled byte-level tokenizer (made for tests and the demo) "
+            "encodes the prompts, not the Qwen3 tokenizer the released weights were trained with. "
+            "Pass --set model.tokenizer=TOKENIZER_DIR"
+        )
+    for line in warnings:
+        log.warning("%s", line)
+    return {
+        "initial_weights": cfg.model.checkpoint or "random",
+        "tokenizer": tokenizer or "bundled byte-level BPE (tests and demos)",
+        "warnings": warnings,
+    }
+
+
 def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
     """A fresh model of `model.preset` (same weights on every rank: seeded), or `model.checkpoint` loaded."""
     if (
@@ -68,7 +121,7 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
         )
     overrides = model_overrides(cfg, device, tokenizer)
     if cfg.model.checkpoint:
-        if cfg.model.tokenizer is None:
+        if tokenizer_path(cfg) is None and not (Path(cfg.model.checkpoint) / "train_config.json").is_file():
             raise ConfigError(
                 "model.tokenizer",
                 "starting from model.checkpoint needs the tokenizer those weights were trained with "

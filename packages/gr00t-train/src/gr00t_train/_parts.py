@@ -4,7 +4,7 @@ sibling packages; tests fill them with tiny stand-ins."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,6 +76,9 @@ class TrainParts:
     """Parameters whose rows (dim 0) each sample picks by the batch's values under this key (per-category
     tables): rows no batch touched get zero gradients, and the flat optimizer skips them
     (optimizations.skip_untouched_rows)."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the run's report (summary.json) states about where the run started: initial weights, tokenizer,
+    and the warnings given at start-up (`warnings`: a list of lines)."""
 
 
 def episode_ids(batch: Batch) -> list[int] | None:

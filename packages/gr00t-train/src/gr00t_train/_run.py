@@ -14,16 +14,21 @@ from ._config import TrainConfig
 from ._distributed import init_distributed, shutdown_distributed
 from ._errors import DataError
 from ._metrics import RunSummary
+from ._optimizations import resolve_optimizations
 from ._run_folder import claim_run
 from ._trainer import Trainer
 
+log = logging.getLogger(__name__)
 
 def run_training(cfg: TrainConfig) -> RunSummary | None:
     """Train as `cfg` says (under torchrun: one process per GPU); returns the summary on rank 0."""
     from ._build import build_parts
 
+    env = init_distributed(cfg.device)  # sets this rank's GPU; no cuBLAS call yet
+    cfg, line = resolve_optimizations(cfg, env.device)  # every `auto` switch as it runs on this device
+    if env.is_main:
+        log.info("%s", line)
     request_zero_gemm_workspace(cfg)  # before anything can call cuBLAS (torch 2.11 reads it once)
-    env = init_distributed(cfg.device)
     if env.device.type == "cpu":
         share_cpu_cores(cfg)
     try:

@@ -33,6 +33,7 @@ from ._config_io import write_config_json
 from ._distributed import DistEnv
 from ._errors import BatchTooLargeError, ConfigError, TrainingInterrupted
 from ._metrics import RunSummary
+from ._optimizations import resolve_optimizations
 from ._parts import Batch, TrainParts
 from ._rng import seed_everything
 from ._run_checks import RunChecks
@@ -70,6 +71,7 @@ class Trainer:
     """Trains `parts` as `cfg` says, on the process group and device of `env`."""
 
     def __init__(self, cfg: TrainConfig, parts: TrainParts, env: DistEnv) -> None:
+        cfg, _ = resolve_optimizations(cfg, env.device)  # `auto` switches as they run here (run_training did)
         self.cfg, self.parts, self.env = cfg, parts, env
         self.backends = BackendSwitches(cfg)  # TF32 / cuDNN switches: set by fit(), restored when it ends
         self.checks = RunChecks(cfg, env)  # stop requests (SIGTERM/SIGINT), the skipped-sample budget
@@ -234,6 +236,7 @@ class Trainer:
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,
             "peak_memory_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if cuda else None,
+            **self.parts.facts,
         }
 
     # What tests, benchmarks and the profiler read of a trainer (names kept from before the components).

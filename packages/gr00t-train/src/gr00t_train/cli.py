@@ -19,6 +19,7 @@ from ._errors import (
     DataError,
     NonFiniteLossError,
     NonFiniteWeightsError,
+    PeerLostError,
     TrainingInterrupted,
 )
 from ._signals import StoppedAtOnce, loop_began, stop_watching, watch_start_up
@@ -209,7 +210,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except (ConfigError, DataError) as err:  # bad input: nothing ran
         _say(args, f"error: {err}", same_on_every_rank=isinstance(err, ConfigError))
         return 2
-    except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError) as err:
+    except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError, PeerLostError) as err:
         _say(args, f"error: {err}")  # training stopped; the message says why
         return 1
     except TrainingInterrupted as err:  # SIGTERM / SIGINT after a checkpoint: the conventional 128 + signal
