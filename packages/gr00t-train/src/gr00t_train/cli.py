@@ -44,6 +44,8 @@ def _resolve(args: argparse.Namespace):
     overrides = list(args.overrides)
     if getattr(args, "resume", None):
         overrides.append(f"checkpoint.resume={args.resume}")
+    if getattr(args, "resume_changed", None):
+        overrides.append(f"checkpoint.resume_changed={','.join(args.resume_changed)}")
     if getattr(args, "existing_run", None):
         overrides.append(f"checkpoint.existing_run={args.existing_run}")
     return load_config(args.config, preset=args.preset, overrides=overrides)
@@ -107,16 +109,42 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    from ._config_docs import commented_yaml
     from ._config_io import config_to_dict
 
-    data = config_to_dict(_resolve(args))
+    cfg = _resolve(args)
     if args.format == "json":
-        print(json.dumps(data, indent=2))
+        print(json.dumps(config_to_dict(cfg), indent=2))
     else:
-        import yaml
-
-        print(yaml.safe_dump(data, sort_keys=False), end="")
+        print(commented_yaml(cfg), end="")
     return 0
+
+
+TRAIN_HELP = """\
+Fine-tune GR00T N1.6 on a LeRobot dataset (v2.0, v2.1 or v3.0; read only, never written to).
+
+The settings to set first (each as --set KEY=VALUE, or in a --config file; `gr00t-train config` prints all
+of them with their docs):
+  data.dataset=PATH          the LeRobot dataset folder (required)
+  data.cameras=a,b           which cameras feed the model, in order (default: every camera)
+  data.embodiment_tag=TAG    the robot's projector slot: new_embodiment for a robot the release has not seen
+  model.checkpoint=DIR       the initial weights: a local copy of the release (nvidia/GR00T-N1.6-3B) or one
+                             of our checkpoints (default: random weights, with a warning on the 3 B model)
+  model.tokenizer=DIR        the tokenizer those weights were trained with (the release's Qwen3 tokenizer)
+  steps=N                    optimizer steps (default 10000), data.batch_size=N per GPU (default 16)
+  output_dir=DIR             logs, plots, validation and checkpoints (default runs/gr00t-train)
+
+State and action joint groups come from the dataset's meta/modality.json (GR00T's format), else from its
+observation.state and action features (a feature whose `names` is a dict of lists is split into those
+groups); data.modality_file points at a modality.json kept outside the dataset. Every speed switch is on
+where the hardware supports it (the start-up log says what is on, and why anything is off)."""
+
+TRAIN_EXAMPLES = """\
+examples:
+  gr00t-train train --set data.dataset=/data/my_robot --set data.cameras=front,wrist \\
+      --set model.checkpoint=/models/GR00T-N1.6-3B --set model.tokenizer=/models/gr00t-tokenizer
+  gr00t-train train --config run.yaml --resume              # continue the exact trajectory
+  torchrun --nproc-per-node 8 -m gr00t_train train --config run.yaml"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="fine-tune on a LeRobot dataset (works under torchrun)")
+    train = commands.add_parser(
+        "train",
+        help="fine-tune on a LeRobot dataset (works under torchrun)",
+        description=TRAIN_HELP,
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_config_args(train)
     train.add_argument(
         "--resume",
@@ -134,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
         const="auto",
         metavar="CHECKPOINT",
         help="continue from a checkpoint folder (default: the newest intact one in checkpoint.dir)",
+    )
+    train.add_argument(
+        "--resume-changed",
+        action="append",
+        metavar="KEY",
+        help="with --resume: allow this setting (e.g. optim.lr) to differ from the checkpoint's; the change "
+        "is logged and recorded (repeat for several)",
     )
     previous = train.add_mutually_exclusive_group()
     previous.add_argument(
