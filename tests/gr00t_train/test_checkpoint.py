@@ -280,7 +280,9 @@ def test_sigterm_and_sigint_save_a_checkpoint_then_stop(tmp_path, env, standins,
     assert [r["step"] for r in rows] == list(range(1, int(step) + 1))  # flushed before the checkpoint
 
     # The stopped run continues from it.
-    cfg = standins.small_config(tmp_path, steps=int(step) + 2, checkpoint__resume="auto")
+    cfg = standins.small_config(  # stopping earlier on the same schedule: a change named to allow it
+        tmp_path, steps=int(step) + 2, checkpoint__resume="auto", checkpoint__resume_changed="steps"
+    )
     trainer = Trainer(cfg, standins.make_parts(), env)
     trainer.fit()
     assert trainer.step == int(step) + 2

@@ -107,10 +107,11 @@ def test_resume_with_another_seed_or_shuffle_stops_naming_the_field(
     before = {"seed": 42, "data.shuffle": True}[name]
     overrides = {name.replace(".", "__"): value}
     with pytest.raises(ConfigError) as info:
-        _fit(standins, env, tmp_path, steps=6, checkpoint__resume="auto", **overrides)
+        _fit(standins, env, tmp_path, steps=4, checkpoint__resume="auto", **overrides)
     message = str(info.value)
-    assert message.startswith(f"{name}: ") and f"with {name}={before}, this run has {name}=" in message
-    assert f"--set {name}={before}" in message
+    shown = {"seed": "7", "data.shuffle": "False"}[name]
+    assert message.startswith(f"{name}: ") and f"({name} {before} -> {shown})" in message
+    assert f"--set {name}={str(before).lower()}" in message
 
 
 def _meta(folder: Path, text: str) -> Path:
@@ -121,23 +122,25 @@ def _meta(folder: Path, text: str) -> Path:
 
 def test_resume_on_another_dataset_path(tmp_path, env, standins, caplog) -> None:
     first = _meta(tmp_path / "ds1", '{"total_episodes": 3}')
-    _fit(standins, env, tmp_path, steps=4, checkpoint__every=2, data__dataset=str(first))
+    _fit(standins, env, tmp_path, steps=6, checkpoint__every=2, data__dataset=str(first))
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000006")  # as if stopped after step 4
     other = _meta(tmp_path / "ds2", '{"total_episodes": 4}')
     with pytest.raises(ConfigError) as info:
         _fit(standins, env, tmp_path, steps=6, checkpoint__resume="auto", data__dataset=str(other))
     message = str(info.value)
-    assert message.startswith("data.dataset: ") and f"data.dataset={first}, this run has data.dataset={other}"
-    assert f"resume with --set data.dataset={first}" in message
+    assert message.startswith(f"data.dataset: data.dataset={other} (the checkpoint was written on {first})")
+    assert "is not the dataset" in message and "1 file changed (meta/info.json)" in message
     copy = tmp_path / "moved"
     shutil.copytree(first, copy)  # the same dataset, moved: resumes
     trainer = _fit(standins, env, tmp_path, steps=6, checkpoint__resume="auto", data__dataset=str(copy))
-    assert trainer.step == 6 and "their metadata (meta/) is identical" in caplog.text
+    assert trainer.step == 6 and "the same dataset, moved" in caplog.text
 
 
 # ------------------------------------------------------------------------------------------------- F4
 @pytest.mark.parametrize("how", ["auto", "path"])
 def test_resume_after_run_json_was_deleted(tmp_path, env, standins, how) -> None:
-    first = _fit(standins, env, tmp_path, steps=4, checkpoint__every=2).checkpointer.run_id
+    first = _fit(standins, env, tmp_path, steps=6, checkpoint__every=2).checkpointer.run_id
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000006")  # as if stopped after step 4
     (tmp_path / "run" / "run.json").unlink()
     resume = "auto" if how == "auto" else str(tmp_path / "run" / "checkpoints" / "step_000004")
     trainer = _fit(standins, env, tmp_path, steps=6, checkpoint__every=2, checkpoint__resume=resume)
@@ -151,7 +154,7 @@ def test_resume_into_a_folder_with_another_run_does_not_ask_for_resume(tmp_path,
     shutil.copytree(tmp_path / "run" / "checkpoints" / "step_000002", mine / "step_000002")
     _fit(standins, env, tmp_path, steps=4, checkpoint__every=4, checkpoint__existing_run="new_run")
     with pytest.raises(RunFolderError) as info:
-        _fit(standins, env, tmp_path, steps=4, checkpoint__resume=str(mine / "step_000002"))
+        _fit(standins, env, tmp_path, steps=2, checkpoint__resume=str(mine / "step_000002"))
     message = str(info.value)
     assert "besides the one being resumed" in message and "Pass --resume" not in message
 

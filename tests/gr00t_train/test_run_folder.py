@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import gr00t_train
 import pytest
@@ -73,8 +74,9 @@ def test_overwrite_deletes_the_earlier_run(tmp_path, env, standins) -> None:
 
 
 def test_resume_continues_the_recorded_run(tmp_path, env, standins) -> None:
-    _run(standins, env, tmp_path, steps=4, checkpoint__every=2)
+    _run(standins, env, tmp_path, steps=6, checkpoint__every=2)
     first = _run_id(tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000006")  # as if stopped after step 4
     resumed = _run(standins, env, tmp_path, steps=6, checkpoint__every=2, checkpoint__resume="auto")
     assert resumed.checkpointer.run_id == first and _run_id(tmp_path / "run") == first
     assert _names(tmp_path / "run" / "checkpoints") == ["step_000002", "step_000004", "step_000006"]
@@ -127,20 +129,18 @@ def test_command_line_flags_for_an_existing_run() -> None:
 def test_resume_with_another_batch_size_stops_at_the_start(tmp_path, env, standins) -> None:
     _run(standins, env, tmp_path, steps=4, checkpoint__every=2)
     with pytest.raises(gr00t_train.ConfigError) as info:
-        _run(standins, env, tmp_path, steps=6, checkpoint__resume="auto", data__batch_size=8)
+        _run(standins, env, tmp_path, steps=4, checkpoint__resume="auto", data__batch_size=8)
     message = str(info.value)
-    assert (
-        message.startswith("checkpoint.resume: ")
-        and "step_000004 was written by 1 process(es) with" in message
-    )
-    assert "data.batch_size=4; this run has 1 process(es) and data.batch_size=8" in message
+    assert message.startswith("data.batch_size: this run differs from ") and "step_000004" in message
+    assert "(data.batch_size 4 -> 8)" in message and "--set data.batch_size=4" in message
 
 
 def test_resume_with_another_cpu_thread_count_warns_and_continues(tmp_path, env, standins, caplog) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _run(standins, env, tmp_path, steps=4, checkpoint__every=2)
+        _run(standins, env, tmp_path, steps=6, checkpoint__every=2)
+        shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000006")  # as if stopped after step 4
         state = json.loads(
             (tmp_path / "run" / "checkpoints" / "step_000004" / "trainer_state.json").read_text()
         )

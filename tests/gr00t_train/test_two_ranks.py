@@ -91,5 +91,5 @@ def test_two_rank_run_checkpoints_and_resumes(tmp_path, env, standins) -> None:
     with pytest.raises(gr00t_train.ConfigError) as info:
         gr00t_train.Trainer(cfg, standins.make_parts(), env).fit()
     message = str(info.value)
-    assert "was written by 2 process(es) with data.batch_size=4; this run has 1 process(es)" in message
+    assert "was written by 2 process(es); this run has 1" in message
     assert "--set model.checkpoint=" in message

@@ -15,7 +15,6 @@ Layout of `<dir>/step_000100/`:
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from ._errors import CheckpointError
-from ._manifest import MANIFEST, check_manifest, file_digests, write_manifest
+from ._manifest import MANIFEST, check_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,8 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 TRAIN_CONFIG = "train_config.json"
 DATASET_FINGERPRINT = "dataset_meta_sha256"
-"""trainer_state.json key: `dataset_fingerprint` of the dataset the run trained on (a resume on a moved copy)."""
+"""trainer_state.json key: `_dataset_fingerprint.meta_digest` of the run's dataset (older checkpoints hold only
+this; newer ones also the whole fingerprint, in `dataset_fingerprint.json`)."""
 ANY_RUN = "<any run>"
 """`Checkpointer.all(ANY_RUN)`: checkpoints of every run (None selects those written before runs had ids)."""
 
@@ -269,23 +269,6 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
-def dataset_fingerprint(dataset: str | Path) -> str | None:
-    """SHA-256 over the names and contents of a dataset's `meta/` files (info, statistics, episodes, tasks):
-    equal for a moved or copied dataset, different for another one. None when there is no meta/ folder."""
-    meta = Path(dataset) / "meta"
-    try:
-        files = sorted(p for p in meta.rglob("*") if p.is_file())
-        digests = file_digests(files)
-    except OSError:
-        return None
-    if not files:
-        return None
-    total = hashlib.sha256()
-    for file in files:
-        total.update(f"{file.relative_to(meta).as_posix()}\0{digests[file][1]}\n".encode())
-    return total.hexdigest()
-
-
 def _os_error(err: BaseException | None) -> OSError | None:
     """The OSError behind `err` (itself, or what it was raised from), if any."""
     seen = 0
@@ -328,8 +311,21 @@ def _torch_save(obj: Any, path: Path) -> None:
 def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError) as err:
-        raise CheckpointError(f"cannot read {path}: {type(err).__name__}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - said in our words (torch's would suggest weights_only=False)
+        raise CheckpointError(unreadable(path, err)) from None
+
+
+def unreadable(file: Path, err: BaseException) -> str:
+    """Why `file` cannot be loaded, in our words: never torch's advice to load it with weights_only=False,
+    which would run whatever code the file names."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    if found or "weights_only" in str(err):
+        what = f"names {found.group(1)}" if found else "holds objects other than tensors and plain containers"
+        return (
+            f"{file} {what}: refused, since loading it could run code. gr00t-train writes only tensors and plain "
+            "containers there, so the file was altered or comes from elsewhere; resume from another checkpoint."
+        )
+    return f"{file} cannot be read ({type(err).__name__}): it is damaged; resume from another checkpoint."
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,6 +1,11 @@
-"""Whether a checkpoint can be resumed by this run: the same world size, per-device batch, seed, shuffling
-and dataset (a resume continues the exact trajectory) and the same parameter layout (the optimizer state is
-per parameter), checked before the model is built (exit 2 otherwise)."""
+"""Whether a checkpoint can be resumed by this run, decided before the model is built (exit 2 otherwise).
+
+A resume continues the checkpoint's run exactly: the same world size, the same settings of everything that
+decides what the run computes (`_resume_changes`: data, model and trainable set, optimizer and schedule,
+numerics; `--resume-changed KEY` allows a named change, which is recorded), the same dataset (its
+fingerprint, even at the same path), the same optimizer-state form, and checkpoint files that unpickle as
+plain tensors. Every refusal says how to continue instead: the checkpoint's values, or a new run from its
+weights with a command that works as written."""
 
 from __future__ import annotations
 
@@ -11,54 +16,165 @@ from typing import Any
 
 import torch
 
-from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, dataset_fingerprint
+from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, unreadable
 from ._config import TrainConfig
+from ._dataset_fingerprint import differences, fingerprint, meta_digest, read_fingerprint
 from ._distributed import device_type
 from ._errors import ConfigError
 from ._gr00t import merges_dit_linears
+from ._resume_changes import Change, config_changes, unknown_keys
+from ._schedule import CosineSchedule
 
 log = logging.getLogger(__name__)
 
 
-def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> None:
-    """A resume continues the exact trajectory: same world size, per-device batch, seed, shuffling and
-    dataset, or exit 2 now (before the model is built)."""
+def fresh_run_advice(path: Path, cfg: TrainConfig) -> str:
+    """How to train on from `path`'s weights as a new run (a fresh optimizer, schedule and data order)."""
+    out = f"{cfg.output_dir.rstrip('/')}-from-{path.name}"
+    sets = f"--set model.checkpoint={path} --set output_dir={out}"
+    if cfg.checkpoint.dir:
+        sets += f" --set checkpoint.dir={out}/checkpoints"
+    return f"To train on from its weights as a new run instead, drop --resume and add {sets}"
+
+
+def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> list[Change]:
+    """Refuse (ConfigError) a resume of `path` that would not continue its run; returns the allowed changes
+    (harmless ones and those named by checkpoint.resume_changed), which the caller logs and records."""
     state = json.loads((path / TRAINER_STATE).read_text())
-    saved_world = int(state.get("world_size", 1))
     saved = _saved_config(path)
-    saved_batch = _dotted(saved, "data.batch_size")
-    batch = cfg.data.batch_size
-    if saved_world != world_size or (saved_batch is not None and saved_batch != batch):
+    fresh = fresh_run_advice(path, cfg)
+    saved_world = int(state.get("world_size", 1))
+    if saved_world != world_size:
         raise ConfigError(
             "checkpoint.resume",
-            f"{path} was written by {saved_world} process(es) with data.batch_size={saved_batch}; this run "
-            f"has {world_size} process(es) and data.batch_size={batch}. Resuming continues the exact data "
-            "order and random streams of every rank, so both must match. To train on from these weights "
-            f"with a fresh optimizer and data order, start a new run with --set model.checkpoint={path}",
+            f"{path} was written by {saved_world} process(es); this run has {world_size}. Resuming continues "
+            f"the exact data order and random streams of every rank, so the process count must match. {fresh}",
         )
-    fresh = f"To train on from these weights with a fresh data order, start a new run with --set model.checkpoint={path}"
-    for name, now in (("seed", cfg.seed), ("data.shuffle", cfg.data.shuffle)):
-        before = _dotted(saved, name)
-        if before is not None and before != now:
-            raise ConfigError(
-                name,
-                f"{path} was written with {name}={before}, this run has {name}={now}. Resuming continues "
-                f"the checkpoint's data order and random streams, which {name} decides: resume with "
-                f"--set {name}={before}. {fresh}",
-            )
-    _check_same_dataset(path, cfg, state, _dotted(saved, "data.dataset"), fresh)
-    _check_same_layout(path, cfg)
+    allowed = cfg.checkpoint.resume_changed or []
+    unknown = unknown_keys(allowed)
+    if unknown:
+        raise ConfigError("checkpoint.resume_changed", f"{', '.join(unknown)}: not a setting (e.g. optim.lr)")
+    _check_same_layout(path, cfg, fresh)  # first: no --resume-changed can allow it
+    changes = config_changes(saved, cfg, device_type(cfg.device)) if saved else []
+    _refuse_changes(path, changes, allowed, fresh)
+    _check_schedule(path, cfg, state, changes, fresh)
+    _check_same_dataset(path, cfg, state, fresh)
+    _check_loadable(path, fresh)
     _warn_other_cpu_threads(path, state.get("cpu_threads"))
-    saved_global = state.get("global_batch")
-    now_global = batch * cfg.optim.grad_accum * world_size
-    if saved_global is not None and saved_global != now_global:
-        log.warning(
-            "resuming %s written with a global batch of %s, now %d (optim.grad_accum changed): the run "
-            "continues but does not follow the original trajectory",
-            path,
-            saved_global,
-            now_global,
+    for change in changes:
+        if change.kind == "trajectory":
+            log.warning("resuming %s with %s (--resume-changed %s)", path, change.text(), change.key)
+        else:
+            log.info("resuming %s with %s (does not change what the run computes)", path, change.text())
+    for name in allowed:
+        if not any(c.key == name for c in changes):
+            log.warning("--resume-changed %s: that setting is the same as in %s", name, path)
+    return [c for c in changes if c.kind == "trajectory"]
+
+
+def _refuse_changes(path: Path, changes: list[Change], allowed: list[str], fresh: str) -> None:
+    layout = [c for c in changes if c.kind == "layout"]
+    refused = [c for c in changes if c.kind == "trajectory" and c.key not in allowed]
+    if layout:
+        first = layout[0]
+        raise ConfigError(
+            first.key,
+            f"{path} was written with {first.key}={first.before}, this run has {first.now}: its optimizer "
+            f"state fits only the form it was saved from (ZeRO-1's own format). Resume with --set "
+            f"{first.key}={first.before}. {fresh}",
         )
+    if not refused:
+        return
+    listed = "; ".join(c.text() for c in refused)
+    restore = " ".join(f"--set {c.key}={_as_arg(c.before)}" for c in refused)
+    steps = (
+        " A longer or shorter run continues the checkpoint's lr schedule only with --resume-changed steps."
+        if any(c.key == "steps" for c in refused)
+        else ""
+    )
+    raise ConfigError(
+        refused[0].key if len(refused) == 1 else "checkpoint.resume",
+        f"this run differs from {path} in what it computes ({listed}): a resume continues that run exactly. "
+        f"Resume with the checkpoint's values ({restore}), or allow a change with --resume-changed KEY (it "
+        f"is recorded in the run).{steps} {fresh}",
+    )
+
+
+def _check_schedule(path: Path, cfg: TrainConfig, state: dict[str, Any], changes: list[Change], fresh: str) -> None:
+    """A changed `steps` (allowed by --resume-changed) keeps the checkpoint's schedule: steps past its end
+    train at its final lr, which must not be 0."""
+    if not any(c.key == "steps" for c in changes) or "schedule" not in state:
+        return
+    schedule = CosineSchedule(**state["schedule"])
+    if cfg.steps > schedule.total_steps and schedule.lr(schedule.total_steps) == 0:
+        raise ConfigError(
+            "steps",
+            f"{path}'s lr schedule ends at step {schedule.total_steps} with lr 0 (optim.min_lr_ratio=0): the "
+            f"steps up to {cfg.steps} would not train. {fresh}",
+        )
+    log.warning(
+        "steps %d -> %d: the run continues %s's lr schedule (%d steps; later steps at its final lr %.3g)",
+        schedule.total_steps, cfg.steps, path, schedule.total_steps, schedule.lr(schedule.total_steps),
+    )  # fmt: skip
+
+
+def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], fresh: str) -> None:
+    """The dataset the checkpoint recorded, at its path or moved: compared by content, not by path."""
+    now = cfg.data.dataset
+    before = _dotted(_saved_config(path), "data.dataset")
+    if not now:
+        return
+    moved = bool(before) and Path(before).resolve() != Path(now).resolve()
+    recorded = read_fingerprint(path)
+    found = fingerprint(now)
+    if recorded is not None:
+        what = differences(recorded, found)
+    elif state.get(DATASET_FINGERPRINT) is not None:  # older checkpoints recorded meta/ only
+        what = None if state[DATASET_FINGERPRINT] == meta_digest(found) else "its meta/ folder differs"
+    else:
+        what = "the checkpoint records no fingerprint of its dataset to compare with" if moved else None
+    if what is None:
+        if moved:
+            log.warning("resuming %s on %s (written on %s): the same dataset, moved", path, now, before)
+        return
+    where = f"data.dataset={now} (the checkpoint was written on {before})" if moved else now
+    raise ConfigError(
+        "data.dataset",
+        f"{where} is not the dataset {path} was trained on: {what}. Resuming continues the checkpoint's "
+        f"position in that dataset's sample order and its normalization. Restore the dataset (or resume on "
+        f"an unchanged copy). {fresh}",
+    )
+
+
+def _check_same_layout(path: Path, cfg: TrainConfig, fresh: str) -> None:
+    """The DiT's merged linears change which parameters the optimizer state holds: a checkpoint resumes only
+    in its own form (its model config records which ran). Its weights load into either (model.checkpoint)."""
+    try:
+        model_config = json.loads((path / "config.json").read_text()).get("config", {})
+    except (OSError, ValueError, AttributeError):
+        return
+    saved = bool(model_config.get("merged_dit_linears", False))
+    wanted = device_type(cfg.device)
+    now = merges_dit_linears(cfg, wanted)
+    if saved != now:
+        flag = cfg.optimizations.merged_dit_linears
+        raise ConfigError(
+            "optimizations.merged_dit_linears",
+            f"{path} was written with the DiT's linears {'merged' if saved else 'unmerged'}; this run has "
+            f"optimizations.merged_dit_linears={flag}, which on {wanted} {'merges' if now else 'does not merge'} "
+            "them, and the optimizer state fits only the form it was saved from. Resume with --set "
+            f"optimizations.merged_dit_linears={'on' if saved else 'off'}. {fresh}",
+        )
+
+
+def _check_loadable(path: Path, fresh: str) -> None:
+    """The checkpoint's pickled files hold only tensors and plain containers (memory-mapped: the pickle is
+    read, the tensor data is not). Anything else is refused here, not after the model was built."""
+    for file in sorted(path.glob("*.pt")):
+        try:
+            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # noqa: BLE001 - any failure to unpickle is a refusal
+            raise ConfigError("checkpoint.resume", unreadable(file, err) + f" {fresh}") from None
 
 
 def _warn_other_cpu_threads(path: Path, saved: int | None) -> None:
@@ -77,57 +193,10 @@ def _warn_other_cpu_threads(path: Path, saved: int | None) -> None:
         )
 
 
-def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], before: Any, fresh: str) -> None:
-    """The same dataset path, or a dataset whose meta/ folder is the one the checkpoint recorded (a moved or
-    copied dataset); anything else stops the run naming both paths."""
-    now = cfg.data.dataset
-    if not before or not now or Path(before).resolve() == Path(now).resolve():
-        return
-    recorded = state.get(DATASET_FINGERPRINT)
-    if recorded is not None and recorded == dataset_fingerprint(now):
-        log.warning(
-            "resuming %s on %s: the checkpoint was written on %s; their metadata (meta/) is identical, so "
-            "the run continues on it",
-            path,
-            now,
-            before,
-        )
-        return
-    why = (
-        "its meta/ folder differs from the one the checkpoint recorded"
-        if recorded is not None
-        else "the checkpoint records no fingerprint of its dataset to compare with"
-    )
-    raise ConfigError(
-        "data.dataset",
-        f"{path} was written with data.dataset={before}, this run has data.dataset={now} ({why}). Resuming "
-        f"continues the checkpoint's position in its dataset's sample order. If {before} still holds that "
-        f"dataset, resume with --set data.dataset={before}; if {now} is a copy, copy it whole (meta/ "
-        f"included) or resume from the old path. {fresh}",
-    )
-
-
-def _check_same_layout(path: Path, cfg: TrainConfig) -> None:
-    """The DiT's merged linears (optimizations.merged_dit_linears) change which parameters the optimizer
-    state holds: a checkpoint resumes only in its own form. Its weights load into either (model.checkpoint)."""
-    try:  # the model's config, as gr00t_model's save_pretrained wrote it; absent before the merged form
-        model_config = json.loads((path / "config.json").read_text()).get("config", {})
-    except (OSError, ValueError, AttributeError):
-        return
-    saved = bool(model_config.get("merged_dit_linears", False))
-    wanted = device_type(cfg.device)
-    now = merges_dit_linears(cfg, wanted)
-    if saved != now:
-        flag = cfg.optimizations.merged_dit_linears
-        raise ConfigError(
-            "optimizations.merged_dit_linears",
-            f"{path} was written with the DiT's linears {'merged' if saved else 'unmerged'}; this run has "
-            f"optimizations.merged_dit_linears={flag}, which on {wanted} {'merges' if now else 'does not merge'} "
-            "them, and the optimizer state fits only the form it was saved from. Resume with --set "
-            f"optimizations.merged_dit_linears={'on' if saved else 'off'}. To train on from these weights "
-            f"(they load into either form) with a fresh optimizer, start a new run with --set "
-            f"model.checkpoint={path}",
-        )
+def _as_arg(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _saved_config(path: Path) -> dict[str, Any]:

@@ -281,7 +281,9 @@ def _settle(others: dict[str, list[Path]], cfg: TrainConfig, out: Path, ck: Chec
     for run, paths in others.items():
         partial = [p for p in ck.root.glob(f".tmp-{run}-*")] if run != _UNNAMED else []
         plan.append((run, paths, partial, outputs if run == recorded else []))
-    _check_removable([p for _, paths, partial, files in plan for p in (*paths, *partial, *files)], policy)
+    doomed = [p for _, paths, partial, files in plan for p in (*paths, *partial, *files)]
+    _keep_initial_weights(cfg, doomed, policy)
+    _check_removable(doomed, policy)
     for run, paths, partial, files in plan:
         try:
             if policy == "overwrite":
@@ -299,6 +301,23 @@ def _settle(others: dict[str, list[Path]], cfg: TrainConfig, out: Path, ck: Chec
                 f"cannot {'delete' if policy == 'overwrite' else 'move'} run {run}'s files: {err.strerror} "
                 f"({err.filename}); some of them may be left in place",
             ) from None
+
+
+def _keep_initial_weights(cfg: TrainConfig, paths: list[Path], policy: str) -> None:
+    """Refuse to move or delete the checkpoint this run starts from (model.checkpoint): it would be gone
+    before the model is loaded from it."""
+    if not cfg.model.checkpoint:
+        return
+    start = Path(cfg.model.checkpoint).resolve()
+    for path in paths:
+        if start == path.resolve() or start.is_relative_to(path.resolve()):
+            verb = "delete" if policy == "overwrite" else "move to " + str(Path(cfg.output_dir) / ARCHIVE)
+            raise RunFolderError(
+                "model.checkpoint",
+                f"{cfg.model.checkpoint} belongs to the run that --{policy.replace('_', '-')} would {verb}, "
+                f"so it would be gone before this run loads it. Start the new run in another folder: "
+                f"--set output_dir={cfg.output_dir.rstrip('/')}-from-{start.name}",
+            )
 
 
 def _check_removable(paths: list[Path], policy: str) -> None:
