@@ -124,8 +124,14 @@ def quiet_other_ranks(rank: int) -> None:
     warnings.simplefilter("ignore")
 
 
-def shutdown_distributed(env: DistEnv) -> None:
-    """Destroy the process group if `init_distributed` created it."""
+def shutdown_distributed(env: DistEnv, peer_lost: bool = False) -> None:
+    """Destroy the process group if `init_distributed` created it. After a peer was lost an NCCL group is
+    aborted instead: destroying it waits for collectives that can never finish."""
+    if env.owns_group and dist.is_initialized() and peer_lost and env.device.type == "cuda":
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort is not None:
+            abort()
+        return
     if env.owns_group and dist.is_initialized():
         gc.collect()  # CUDA graphs (holding captured collectives) left in reference cycles go first
         if env.device.type == "cuda":

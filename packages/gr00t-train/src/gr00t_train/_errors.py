@@ -90,7 +90,21 @@ class CheckpointError(RuntimeError):
 
 class PeerLostError(RuntimeError):
     """Another process of a multi-process run died or stopped answering: the message names its rank and the
-    newest intact checkpoint to resume from (this process cannot write a new one without it)."""
+    newest intact checkpoint to resume from (this process cannot write a new one without it). `speaks` is
+    False on all but one surviving rank of each node, so a node prints the line once."""
+
+    def __init__(self, message: str, speaks: bool = True) -> None:
+        self.speaks = speaks
+        super().__init__(message)
+
+
+class LaunchError(RuntimeError):
+    """`gr00t-train launch` could not start or finish the job (a node missing at the rendezvous, a worker
+    that failed); `exit_code` is the command's exit status."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
 
 
 class NonFiniteWeightsError(FloatingPointError):

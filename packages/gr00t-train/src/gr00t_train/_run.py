@@ -5,20 +5,36 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import torch
 
 from ._backends import request_zero_gemm_workspace
+from ._checkpoint import Checkpointer
 from ._config import TrainConfig
-from ._distributed import init_distributed, shutdown_distributed
-from ._errors import DataError
+from ._distributed import DistEnv, init_distributed, shutdown_distributed
+from ._errors import DataError, PeerLostError, TrainingInterrupted
 from ._metrics import RunSummary
 from ._optimizations import resolve_optimizations
+from ._peers import Lost, PeerWatch, looks_like_lost_peer, one_line, store_endpoint
 from ._run_folder import claim_run
 from ._trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+
+class _Progress:
+    """How far the run got, for the report of a failure: its id, what it resumed from, the trainer."""
+
+    claimed = False
+    run_id: str | None = None
+    resumed_from: Path | None = None
+    trainer: Trainer | None = None
+
+    def step(self) -> int | None:
+        return self.trainer.step if self.trainer is not None else None
+
 
 def run_training(cfg: TrainConfig) -> RunSummary | None:
     """Train as `cfg` says (under torchrun: one process per GPU); returns the summary on rank 0."""
@@ -31,22 +47,34 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     request_zero_gemm_workspace(cfg)  # before anything can call cuBLAS (torch 2.11 reads it once)
     if env.device.type == "cpu":
         share_cpu_cores(cfg)
+    progress = _Progress()
+    peers = PeerWatch.start(env.rank, env.world_size)  # None in a single process
+    if peers is not None:
+        peers.step = progress.step
+        peers.on_hang = lambda lost: _end_stuck_process(cfg, env, progress, lost)
+    peer_lost = False
     try:
         # Before anything heavy: the folder lock, other runs' files, the checkpoint to resume from.
         run = claim_run(cfg, env)
+        progress.claimed, progress.run_id, progress.resumed_from = True, run.run_id, run.resume_from
         try:
             parts = build_parts(cfg, env)
-            trainer = Trainer(cfg, parts, env)
+            progress.trainer = trainer = Trainer(cfg, parts, env)
             summary = _fit(trainer, cfg, env.rank)  # fit() gets the same claim back
         finally:
             run.release()
     except Exception as err:
-        stalled = _stalled_worker(err, cfg)
-        if stalled is None:
+        failure = _stalled_worker(err, cfg) or _lost_peer(err, cfg, env, peers, progress)
+        peer_lost = isinstance(failure, PeerLostError)
+        if peers is not None and not peer_lost and not isinstance(err, TrainingInterrupted):
+            peers.note_death(failure or err, progress.step())  # the survivors' report names this reason
+        if failure is None:
             raise
-        raise stalled from err
+        raise failure from err
     finally:
-        shutdown_distributed(env)
+        if peers is not None:
+            peers.close()
+        shutdown_distributed(env, peer_lost=peer_lost)
     return summary if env.is_main else None
 
 
@@ -81,6 +109,62 @@ def _stalled_worker(err: Exception, cfg: TrainConfig) -> DataError | None:
         "A hung decoder or a very slow disk are likely causes; raise data.worker_timeout_s if loading is "
         "just slow"
     )
+
+
+def _lost_peer(
+    err: Exception, cfg: TrainConfig, env: DistEnv, peers: PeerWatch | None, progress: _Progress
+) -> PeerLostError | None:
+    """The survivor's one line when `err` is a collective failing because another rank is gone."""
+    if peers is None or not looks_like_lost_peer(err):
+        return None
+    lost = peers.lost_peers()
+    if lost is None:
+        return PeerLostError(
+            f"lost contact with the other ranks ({one_line(err)}), and the store at {store_endpoint()} does "
+            f"not answer either (the node hosting it may be down); this process cannot write a checkpoint "
+            f"alone. {_newest_checkpoint(cfg, progress)}"
+        )
+    if not lost:  # every rank still answers: the failure is this rank's own
+        return None
+    return _peer_lost_error(cfg, env, progress, lost)
+
+
+def _peer_lost_error(cfg: TrainConfig, env: DistEnv, progress: _Progress, lost: list[Lost]) -> PeerLostError:
+    dead = {x.rank for x in lost}
+    first = env.rank - env.local_rank  # this node's ranks, as torchrun numbers them
+    node = range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", env.local_rank + 1)))
+    speaks = env.rank == min((r for r in node if r not in dead), default=env.rank)
+    them = "it" if len(lost) == 1 else "them"
+    return PeerLostError(
+        f"{'; '.join(x.describe() for x in lost)}; this process cannot write a checkpoint without {them}. "
+        f"{_newest_checkpoint(cfg, progress)}",
+        speaks=speaks,
+    )
+
+
+def _newest_checkpoint(cfg: TrainConfig, progress: _Progress) -> str:
+    """Where to continue from: this run's newest checkpoint. Every one of them passed the save's last barrier
+    whole (or was verified when the run resumed from it); hashing them again here could outlast the
+    launcher's grace period (tens of GB for the 3 B model), and --resume verifies anyway."""
+    try:
+        saved = Checkpointer(cfg.checkpoint_dir, keep_last=1).all(progress.run_id) if progress.claimed else []
+    except OSError:
+        saved = []
+    newest = saved[-1] if saved else progress.resumed_from
+    if newest is None:
+        return f"No checkpoint of this run was saved yet ({cfg.checkpoint_dir}): start it again"
+    return f"The newest intact checkpoint is {newest}: continue with --resume"
+
+
+def _end_stuck_process(cfg: TrainConfig, env: DistEnv, progress: _Progress, lost: list[Lost]) -> None:
+    """The hang backstop (from the peer watch's thread): the main thread is stuck in a collective that
+    will not fail (NCCL), so say the line cli would say and end the process."""
+    err = _peer_lost_error(cfg, env, progress, lost)
+    if err.speaks:
+        prefix = f"[rank {env.rank}] " if env.rank else ""
+        sys.stderr.write(f"{prefix}gr00t-train train: error: {err}\n")
+        sys.stderr.flush()
+    os._exit(1)
 
 
 def share_cpu_cores(cfg: TrainConfig) -> None:

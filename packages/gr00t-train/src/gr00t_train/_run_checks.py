@@ -16,6 +16,7 @@ from torch import nn
 from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import DataError, NonFiniteWeightsError
+from ._peers import peer_noted
 from ._signals import StopRequest
 
 
@@ -101,7 +102,7 @@ class RunChecks:
 
     def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
         self.cfg, self.env = cfg, env
-        self.stop = StopRequest()
+        self.stop = StopRequest(env.world_size, peer_noted)
         self.skipped = 0
         """Samples skipped on every rank together (as of the last flush)."""
 

@@ -17,6 +17,7 @@ from ._errors import (
     CheckpointError,
     ConfigError,
     DataError,
+    LaunchError,
     NonFiniteLossError,
     NonFiniteWeightsError,
     PeerLostError,
@@ -222,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.set_defaults(run=_bench)
 
+    launch = commands.add_parser(
+        "launch",
+        help="torchrun for one or several nodes: `gr00t-train launch --help` (a missing node fails within "
+        "--join-timeout)",
+        add_help=False,
+    )
+    launch.add_argument("torchrun_args", nargs=argparse.REMAINDER)
+
     config = commands.add_parser("config", help="print the resolved config (a template for --config)")
     _add_config_args(config)
     config.add_argument("--format", choices=("yaml", "json"), default="yaml")
@@ -231,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `gr00t-train`; returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:  # torchrun's own options follow: its parser reads them, not this one
+        from ._launch import launch
+
+        return _run_command(argparse.Namespace(command="launch", run=lambda _: launch(argv[1:])))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -251,9 +265,16 @@ def _run_command(args: argparse.Namespace) -> int:
     except (ConfigError, DataError) as err:  # bad input: nothing ran
         _say(args, f"error: {err}", same_on_every_rank=isinstance(err, ConfigError))
         return 2
-    except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError, PeerLostError) as err:
+    except PeerLostError as err:  # another rank died: one surviving rank per node says so
+        if err.speaks:
+            _say(args, f"error: {err}")
+        return 1
+    except (NonFiniteLossError, NonFiniteWeightsError, BatchTooLargeError, CheckpointError) as err:
         _say(args, f"error: {err}")  # training stopped; the message says why
         return 1
+    except LaunchError as err:  # a node missing at the rendezvous (2), a failed worker (1)
+        _say(args, f"error: {err}")
+        return err.exit_code
     except TrainingInterrupted as err:  # SIGTERM / SIGINT after a checkpoint: the conventional 128 + signal
         _say(args, f"stopped by {err}", same_on_every_rank=True)
         return 128 + signal.Signals[err.signal_name].value
