@@ -180,7 +180,7 @@ def _run_row(name: str, cfg: TrainConfig, env, steps: int, warmup: int, last: bo
         summary = summarize(history, warmup, trainer.throughput)
     row = {
         "row": name,
-        "switches": dataclasses.asdict(cfg.optimizations),
+        "switches": dataclasses.asdict(trainer.cfg.optimizations),  # as they ran (auto resolved)
         "samples_per_s": summary.samples_per_s,
         "tokens_per_s": summary.tokens_per_s,
         "mfu": summary.mfu,

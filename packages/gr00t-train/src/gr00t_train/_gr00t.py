@@ -14,6 +14,7 @@ from gr00t_model import GR00TN16, GR00TConfig
 
 from ._config import TrainConfig
 from ._errors import ConfigError
+from ._optimizations import resolve_optimizations
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,8 @@ _PRECISION = {
 
 
 def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
-    """GR00TConfig fields the training config changes."""
+    """GR00TConfig fields the training config changes (its `auto` switches as they resolve on `device`)."""
+    cfg, _ = resolve_optimizations(cfg, device)
     m = cfg.model
     fields = {
         k: getattr(m, k)
