@@ -61,7 +61,7 @@ def start(folder: Path, argv: list[str], launch: list[str], faults: str = "") ->
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(FAULTS), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(FAULTS), os.environ.get("PYTHONPATH")) if p),
         "GR00T_TEST_FAULT": faults,
         "GR00T_TEST_RC_DIR": str(folder),
     }
