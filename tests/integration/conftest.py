@@ -50,11 +50,13 @@ def _train_args(dataset: Path, out: Path, *sets: str) -> list[str]:
 
 
 def _losses(run: Path) -> dict[int, float]:
-    """step -> loss from a run's metrics.jsonl (the last line of a step wins, as after a resume)."""
+    """step -> loss from a run's metrics.jsonl (the last line of a step wins, as after a resume; validation
+    lines, `"kind": "val"`, left out)."""
     out = {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        out[row["step"]] = row["loss"]
+        if "kind" not in row:
+            out[row["step"]] = row["loss"]
     return out
 
 

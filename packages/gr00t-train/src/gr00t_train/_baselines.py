@@ -62,6 +62,7 @@ class LeRobotStyleSource:
         root, fps = data.root, float(data.dataset.meta.fps)
         samples = vla_io.LeRobotDataset(
             root,
+            episodes=data.train_episodes,  # the held-out episodes (data.val_episodes) stay out
             delta_timestamps={
                 key: [i / fps for i in range(data.horizon)] for key in data.features.features("action")
             },

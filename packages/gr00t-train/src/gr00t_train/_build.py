@@ -11,7 +11,7 @@ from pathlib import Path
 import gr00t_model
 import torch
 
-from . import _data, _gr00t
+from . import _data, _gr00t, _validation
 from ._components.data import build_source
 from ._config import TrainConfig
 from ._distributed import DistEnv
@@ -20,17 +20,22 @@ from ._parts import TrainParts
 log = logging.getLogger(__name__)
 DATASET_META = "dataset_meta"
 """Checkpoint subfolder holding the modality.json (joint groups, cameras) and stats.json the run normalized
-with, whatever their source (what `infer` normalizes with)."""
+with, whatever their source (what `infer` normalizes with), and split.json: the episodes held out of training
+(data.val_episodes)."""
 
 
 def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
-    LeRobot-style baseline loader -> gr00t_model model, loss and random draws."""
+    LeRobot-style baseline loader, over the training episodes -> gr00t_model model, loss and random draws;
+    the held-out episodes' samples for validation (data.val_episodes, eval.every)."""
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
+    split = _data.plan_split(cfg, plan)  # so does a split that leaves nothing to train on
     facts = _gr00t.start_facts(cfg)  # random weights or the test tokenizer on a large preset: said now
     tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
     model = _gr00t.build_model(cfg, env.device, tokenizer)
-    data = _data.open_dataset(cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan)
+    data = _data.open_dataset(
+        cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan, split=split
+    )
     processor = _data.make_processor(data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len)
     vlm_tokens = processor.config.vlm_seq_len
     flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
@@ -51,7 +56,8 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     )
     save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
     parts = model_parts(cfg, env, model, source, save, flops, tokens)
-    parts.facts = facts
+    parts.validation = _validation.load_held_out(cfg, env, data, processor, model)
+    parts.facts = {**facts, "validation_split": split.facts()}
     return parts
 
 

@@ -37,8 +37,10 @@ def run_demo(out: Path, dataset: Path | None, overrides: list[str]) -> int:
         print(f"[demo] wrote a synthetic LIBERO-like dataset to {data_dir} (2 cameras 64x64, 440 frames)")
     else:
         print(f"[demo] using the dataset at {data_dir}")
-    # A demo starts over each time (the previous demo run is replaced), unless told otherwise.
+    # A demo starts over each time (the previous demo run is replaced), unless told otherwise. It holds one
+    # episode out and validates on it three times (5% of 8 episodes would round down to none).
     base = [f"data.dataset={data_dir}", f"output_dir={out / 'run'}", "checkpoint.existing_run=overwrite"]
+    base += ["data.val_episodes=1", f"eval.every={max(1, demo_config().steps // 3)}"]
     cfg = apply_overrides(demo_config(), [*base, *overrides])
     print(f"[demo] training the `tiny` GR00T N1.6 model for {cfg.steps} steps (device: {cfg.device})")
     summary = run_training(cfg)
@@ -52,7 +54,7 @@ def run_demo(out: Path, dataset: Path | None, overrides: list[str]) -> int:
         f"  checkpoint   {report.checkpoint}  (gr00t_model.from_pretrained loads it)\n"
         f"  loss curve   {run / 'loss.png'}\n"
         f"  step time    {run / 'step_time.png'}\n"
-        f"  metrics      {run / 'metrics.jsonl'} (one line per step), {run / 'summary.json'}\n"
+        f"  metrics      {run / 'metrics.jsonl'} (one line per step and per validation), {run / 'summary.json'}\n"
         f"  config       {run / 'config.json'} (gr00t-train train --config accepts it)"
     )
     return 0

@@ -19,6 +19,7 @@ import torch
 from ._config import TrainConfig
 from ._errors import ConfigError, DataError
 from ._features import FeatureMap, map_features
+from ._validation import EpisodeSplit, describe_split, split_episodes
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,13 @@ class TrainingData:
     features: FeatureMap
     stats: dict[str, dict[str, Any]]
     """The statistics the spec normalizes with, per feature (what a checkpoint records)."""
+    split: EpisodeSplit | None = None
+    """Training and held-out episodes (data.val_episodes); None: every episode of `dataset` (infer)."""
+
+    @property
+    def train_episodes(self) -> list[int] | None:
+        """The episodes training reads; None = all of them."""
+        return self.split.train if self.split is not None and self.split.held_out else None
 
     def raw_state(self, raw: dict) -> torch.Tensor:
         """The raw state vector of a collated batch (the state features concatenated)."""
@@ -64,8 +72,12 @@ class TrainingData:
         return raw[f"{self.features.features('action')[0]}_is_pad"]
 
     def dataset_meta(self) -> dict[str, Any]:
-        """modality.json and stats.json contents of what this run normalizes with (for checkpoints)."""
-        return {"modality.json": self.features.modality, "stats.json": self.stats}
+        """modality.json and stats.json contents of what this run normalizes with, and split.json, which
+        episodes it held out (for checkpoints)."""
+        meta = {"modality.json": self.features.modality, "stats.json": self.stats}
+        if self.split is not None:
+            meta["split.json"] = self.split.facts()
+        return meta
 
 
 def plan_data(cfg: TrainConfig, meta_dir: Path | None = None) -> FeatureMap:
@@ -88,6 +100,15 @@ def plan_data(cfg: TrainConfig, meta_dir: Path | None = None) -> FeatureMap:
     return fmap
 
 
+def plan_split(cfg: TrainConfig, fmap: FeatureMap) -> EpisodeSplit:
+    """The training and held-out episodes of `data.val_episodes` (metadata only; said in one log line).
+    DataError naming the setting when no episode would be left to train on."""
+    episodes = [episode.index for episode in fmap.meta.episodes]
+    split = split_episodes(episodes, cfg.data.val_episodes)
+    log.info("%s", describe_split(split, cfg.data.val_episodes, validates=cfg.eval.every > 0))
+    return split
+
+
 def open_dataset(
     cfg: TrainConfig,
     *,
@@ -95,16 +116,20 @@ def open_dataset(
     progress: bool,
     meta_dir: Path | None = None,
     plan: FeatureMap | None = None,
+    split: EpisodeSplit | None = None,
 ) -> TrainingData:
-    """The LeRobot dataset of `data.dataset` with action chunks, its cameras and its embodiment spec.
+    """The LeRobot dataset of `data.dataset` with action chunks (only `split.train`'s episodes when a split
+    is given), its cameras and its embodiment spec.
 
     Statistics: from `meta_dir` (a checkpoint's dataset_meta, with its modality.json) when given, else the
-    dataset's own where complete, else computed once and cached outside the dataset (vla_io.dataset_stats).
+    dataset's own where complete, else computed once from all of its rows, held-out episodes included (so
+    they do not depend on data.val_episodes), and cached outside the dataset (vla_io.dataset_stats).
     """
     import vla_io
 
     fmap = plan or plan_data(cfg, meta_dir)
     root = fmap.root
+    episodes = split.train if split is not None and split.held_out else None
     horizon = cfg.data.action_horizon or model_horizon
     if horizon > model_horizon:
         raise ConfigError(
@@ -115,6 +140,7 @@ def open_dataset(
     try:
         dataset = vla_io.LeRobotDataset(
             root,
+            episodes=episodes,
             delta_timestamps={key: chunk for key in fmap.features("action")},
             video_keys=fmap.cameras,
             image_dtype="uint8",
@@ -131,11 +157,22 @@ def open_dataset(
         stats = _read_json(meta_dir / "stats.json")
         source = str(meta_dir)
     else:
-        stats = vla_io.dataset_stats(dataset, used)
+        stats = vla_io.dataset_stats(_all_episodes(dataset, fmap, used), used)
         source = f"{root / 'meta'} (or statistics computed from its rows)"
     stats = {key: {k: np.asarray(v).tolist() for k, v in stats[key].items()} for key in used if key in stats}
     spec = _spec(cfg, fmap, stats, horizon, source)
-    return TrainingData(root, dataset, spec, cameras, horizon, fmap, stats)
+    return TrainingData(root, dataset, spec, cameras, horizon, fmap, stats, split)
+
+
+def _all_episodes(dataset, fmap: FeatureMap, used: list[str]):
+    """What statistics are taken from: `dataset` when it reads every episode or the dataset's own statistics
+    are complete (then nothing is computed); else the whole dataset's rows (its table only, no video)."""
+    import vla_io
+
+    own = fmap.meta.stats or {}
+    if dataset.num_episodes == len(fmap.meta.episodes) or all(_complete(own.get(key)) for key in used):
+        return dataset
+    return vla_io.LeRobotDataset(fmap.root, video_keys=[], progress=False)
 
 
 def _complete(stats: dict | None) -> bool:

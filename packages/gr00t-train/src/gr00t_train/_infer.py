@@ -1,9 +1,11 @@
-"""Open-loop evaluation of a checkpoint: predicted action chunks against the recorded ones, per joint group."""
+"""Open-loop evaluation of a checkpoint: predicted action chunks against the recorded ones, per joint group,
+next to predicting the mean action (the scores are `_validation.py`'s, as in training's validation)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,13 +19,15 @@ from ._config import TrainConfig
 from ._config_io import config_from_dict, read_config_file
 from ._distributed import resolve_device
 from ._errors import DataError
+from ._validation import ActionErrors, action_columns, mean_action
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class EvalReport:
-    """Mean squared error of predicted vs recorded actions, in dataset units, per action group."""
+    """Mean squared error of predicted vs recorded actions per action group, in dataset units and on the
+    normalized scale, next to the baseline of predicting the training set's mean action (`_validation.py`)."""
 
     checkpoint: str
     dataset: str
@@ -35,16 +39,33 @@ class EvalReport:
     mse_normalized: dict[str, float] = field(default_factory=dict)
     """Per action group, on the normalized scale the model predicts (min/max groups: [-1, 1] = range)."""
     mse_normalized_all: float = 0.0
+    baseline: dict[str, float] = field(default_factory=dict)
+    """Per action group, in dataset units: the MSE of predicting the mean action of the run's statistics."""
+    baseline_all: float = 0.0
+    baseline_normalized: dict[str, float] = field(default_factory=dict)
+    """The same on the normalized scale (what training's validation reports)."""
+    baseline_normalized_all: float = 0.0
+    ratio: dict[str, float] = field(default_factory=dict)
+    """mse_normalized / baseline_normalized per group: below 1 the model predicts better than the mean."""
+    ratio_all: float = 0.0
 
     def table(self) -> str:
         """A small text table for the terminal."""
         width = max(len(k) for k in [*self.mse, "group"])
-        rows = [f"{'group'.ljust(width)}  {'MSE (dataset units)':>20}  {'MSE (normalized)':>17}"]
-        rows += [
-            f"{name.ljust(width)}  {self.mse[name]:>20.6g}  {self.mse_normalized[name]:>17.4f}"
+        heads = ("MSE (dataset units)", "MSE (normalized)", "mean baseline (normalized)", "ratio")
+        rows = ["  ".join([f"{'group'.ljust(width)}", *(f"{h:>{len(h)}}" for h in heads)])]
+        values = [
+            (name, self.mse[name], self.mse_normalized[name], self.baseline_normalized.get(name, math.nan),
+             self.ratio.get(name, math.nan))
             for name in self.mse
-        ]
-        rows.append(f"{'all'.ljust(width)}  {self.mse_all:>20.6g}  {self.mse_normalized_all:>17.4f}")
+        ]  # fmt: skip
+        values.append(
+            ("all", self.mse_all, self.mse_normalized_all, self.baseline_normalized_all, self.ratio_all)
+        )
+        for name, *numbers in values:
+            cells = [f"{v:>{len(h)}.{g}}" for v, h, g in zip(numbers, heads, ("6g", "4f", "4f", "3f"))]
+            rows.append("  ".join([name.ljust(width), *cells]))
+        rows.append("ratio = MSE / mean baseline (normalized): below 1 the model beats predicting the mean")
         return "\n".join(rows)
 
     def as_dict(self) -> dict:
@@ -112,46 +133,56 @@ def evaluate(
     pipeline = vla_io.Pipeline(
         data.dataset, batch_size, transform=transform, seed=seed, device=str(dev), synchronous=True
     )
-    torch.manual_seed(seed)
-    groups = data.spec.action
-    raw_err = {g.name: 0.0 for g in groups}
-    norm_err = {g.name: 0.0 for g in groups}
-    counts = {g.name: 0 for g in groups}
-    samples = steps = 0
-    try:
-        for index, batch in enumerate(pipeline):
-            if index == batches:
-                break
-            normalized = model.get_action(batch).float().cpu()  # [B, model horizon, max_action_dim]
-            predicted = processor.decode_action(normalized, batch["raw_state"].cpu())  # [B, T, D]
-            recorded = batch["raw_action"].cpu().float()
-            target = batch["action"].cpu().float()
-            real = ~batch["action_is_pad"].cpu().bool()  # [B, T]
-            horizon, offset = real.shape[1], 0
-            for g in groups:
-                width = g.end - g.start
-                cols = slice(offset, offset + width)
-                raw_err[g.name] += float(
-                    ((predicted[..., cols] - recorded[..., g.start : g.end]) ** 2)[real].sum()
+    columns = action_columns(data.spec)
+    normalized_mean = mean_action(data.spec, data.horizon)  # [T, D]
+    raw, norm, steps = ActionErrors(columns), ActionErrors(columns), 0
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):  # the caller's streams stay
+        torch.manual_seed(seed)
+        try:
+            for index, batch in enumerate(pipeline):
+                if index == batches:
+                    break
+                normalized = model.get_action(batch).float().cpu()  # [B, model horizon, max_action_dim]
+                state = batch["raw_state"].cpu()
+                real = ~batch["action_is_pad"].cpu().bool()  # [B, T]
+                # dataset units, groups in order (decode_action's layout): model, recorded, the mean
+                predicted = processor.decode_action(normalized, state)
+                recorded = torch.cat(
+                    [batch["raw_action"][..., g.start : g.end].cpu() for g in data.spec.action], -1
                 )
-                diff = normalized[:, :horizon, cols] - target[:, :horizon, cols]
-                norm_err[g.name] += float((diff**2)[real].sum())
-                counts[g.name] += int(real.sum()) * width
-                offset += width
-            samples += real.shape[0]
-            steps += int(real.sum())
-    finally:
-        pipeline.close()
-    if samples == 0:
+                mean = processor.decode_action(_padded(normalized_mean, normalized), state)
+                raw.add(predicted, recorded, mean, real)
+                norm.add(normalized, batch["action"].cpu(), normalized_mean, real)
+                steps += int(real.sum())
+        finally:
+            pipeline.close()
+    if norm.samples == 0:
         raise DataError(f"{dataset}: not a single batch of {batch_size} samples to evaluate")
-    total = max(1, sum(counts.values()))
+    return _report(folder, dataset, raw.scores(), norm.scores(), steps)
+
+
+def _padded(chunk: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[T, D] -> the model's output shape of `like` ([B, horizon, max_action_dim]), zeros around."""
+    out = torch.zeros_like(like)
+    out[:, : chunk.shape[0], : chunk.shape[1]] = chunk
+    return out
+
+
+def _report(folder: Path, dataset, raw: dict, norm: dict, steps: int) -> EvalReport:
+    groups = list(norm["groups"])
     return EvalReport(
         str(folder),
         str(dataset),
-        samples,
+        norm["samples"],
         steps,
-        {name: raw_err[name] / max(1, counts[name]) for name in raw_err},
-        sum(raw_err.values()) / total,
-        {name: norm_err[name] / max(1, counts[name]) for name in norm_err},
-        sum(norm_err.values()) / total,
+        mse={g: raw["groups"][g]["mse"] for g in groups},
+        mse_all=raw["mse"],
+        mse_normalized={g: norm["groups"][g]["mse"] for g in groups},
+        mse_normalized_all=norm["mse"],
+        baseline={g: raw["groups"][g]["baseline"] for g in groups},
+        baseline_all=raw["baseline"],
+        baseline_normalized={g: norm["groups"][g]["baseline"] for g in groups},
+        baseline_normalized_all=norm["baseline"],
+        ratio={g: norm["groups"][g]["ratio"] for g in groups},
+        ratio_all=norm["ratio"],
     )

@@ -1,5 +1,6 @@
 """Per-step metrics: a JSONL line per step, TensorBoard scalars when installed, a progress bar with loss,
-samples/s and ETA, and the end-of-run summary."""
+samples/s and ETA, and the end-of-run summary. Validations (`_components/validation.py`) add their own lines
+to metrics.jsonl, told apart by `"kind": "val"` (step lines carry no `kind`), and `val/...` scalars."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._timing import PHASES
+from ._validation import score_line
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,20 @@ class RunSummary:
     """GPU time of the optimizer step on its side stream, overlapping the next step (optimizer_overlap)."""
     skipped_samples: int = 0
     """Samples whose video failed to decode, replaced by others (all ranks, the whole run)."""
+    validation: dict[str, Any] | None = None
+    """The session's last validation (eval.every on the held-out episodes): step, samples, and overall and
+    per joint group (`groups`) the model's MSE, the mean-action baseline's MSE and their ratio (normalized
+    scale; ratio < 1: better than the mean); None when none ran."""
+    validation_s: float = 0.0
+    """Wall seconds the session spent validating (device synchronized), every validation together."""
+    validation_share: float = 0.0
+    """validation_s as a fraction of the session's wall time (from the start of its loop to its summary)."""
+
+    def add_validation(self, records: list[dict[str, Any]], wall_s: float) -> None:
+        """The session's validations (metrics.jsonl's val records) and its wall seconds."""
+        self.validation = records[-1] if records else None
+        self.validation_s = sum(r["seconds"] for r in records)
+        self.validation_share = self.validation_s / wall_s if wall_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -116,6 +132,12 @@ class RunSummary:
         if self.optimizer_overlapped_s:
             rows.append(("optimizer (overlapped)", f"{1000 * self.optimizer_overlapped_s:.1f} ms"))
         rows.append(("skipped samples", f"{self.skipped_samples} (failed to decode)"))
+        if self.validation is not None:
+            rows.append((
+                f"validation (step {self.validation['step']})",
+                f"{score_line(self.validation)}; {self.validation_s:.1f} s in all, "
+                f"{100 * self.validation_share:.1f}% of the session",
+            ))  # fmt: skip
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
@@ -166,6 +188,7 @@ class MetricsLogger:
     ) -> None:
         self.records: list[StepRecord] = []
         self.enabled = enabled
+        self._val_ratio: float | None = None
         self.out_dir = Path(out_dir)
         self._jsonl = None
         self._tb = None
@@ -197,10 +220,25 @@ class MetricsLogger:
         self._jsonl.flush()
         if self._bar is not None:
             last = records[-1]
-            self._bar.set_postfix(
-                loss=f"{last.loss:.4f}", samples_s=f"{last.samples_per_s:.1f}", refresh=False
-            )
+            shown = {"loss": f"{last.loss:.4f}", "samples_s": f"{last.samples_per_s:.1f}"}
+            if self._val_ratio is not None:  # the last validation's MSE over the mean baseline's
+                shown["val_ratio"] = f"{self._val_ratio:.3g}"
+            self._bar.set_postfix(shown, refresh=False)
             self._bar.update(last.step - self._bar.n)
+
+    def log_validation(self, record: dict[str, Any]) -> None:
+        """Record a validation (`"kind": "val"`): a JSONL line and `val/...` TensorBoard scalars."""
+        self._val_ratio = record["ratio"]
+        if not self.enabled:
+            return
+        self._jsonl.write(json.dumps(_finite(record)) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            step = record["step"]
+            for name in ("mse", "baseline", "ratio"):
+                self._tb.add_scalar(f"val/{name}", record[name], step)
+                for group, scores in record["groups"].items():
+                    self._tb.add_scalar(f"val/{group}/{name}", scores[name], step)
 
     def close(self) -> None:
         """Flush and close outputs."""
@@ -213,7 +251,8 @@ class MetricsLogger:
 
 
 def _truncate_history(path: Path, last_step: int) -> None:
-    """Keep only the lines of steps <= last_step (and nothing torn by a kill mid-write)."""
+    """Keep only the lines of steps <= last_step, step and validation lines alike (and nothing torn by a kill
+    mid-write)."""
     if not path.is_file():
         return
     kept = []
@@ -230,7 +269,13 @@ def _truncate_history(path: Path, last_step: int) -> None:
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:
     # JSON has no NaN/inf; write them as strings so every line stays valid JSON.
-    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+    return {k: _finite_value(v) for k, v in row.items()}
+
+
+def _finite_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return _finite(value)
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _tensorboard_writer(path: Path):

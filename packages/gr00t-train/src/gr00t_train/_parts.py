@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ._validation import HeldOut
 
 Batch = dict[str, Any]
 """A training batch: tensors on the training device, plus `episode_index` for error messages."""
@@ -76,6 +79,9 @@ class TrainParts:
     """Parameters whose rows (dim 0) each sample picks by the batch's values under this key (per-category
     tables): rows no batch touched get zero gradients, and the flat optimizer skips them
     (optimizations.skip_untouched_rows)."""
+    validation: HeldOut | None = None
+    """The held-out samples and how the model predicts them, scored every `eval.every` steps and after the
+    last (`_components/validation.py`); None = no validation."""
     facts: dict[str, Any] = field(default_factory=dict)
     """What the run's report (summary.json) states about where the run started: initial weights, tokenizer,
     and the warnings given at start-up (`warnings`: a list of lines)."""

@@ -1,14 +1,22 @@
-"""End-of-run PNGs: the loss curve, and where the step time went."""
+"""End-of-run PNGs: the loss curve (with validation below it when the run validated), and where the step
+time went."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ._metrics import RunSummary, StepRecord
 
 
-def write_plots(records: list[StepRecord], summary: RunSummary, out_dir: str | Path) -> list[Path]:
-    """Write loss.png and step_time.png into `out_dir`; returns their paths."""
+def write_plots(
+    records: list[StepRecord],
+    summary: RunSummary,
+    out_dir: str | Path,
+    validation: list[dict[str, Any]] | None = None,
+) -> list[Path]:
+    """Write loss.png and step_time.png into `out_dir`; returns their paths. With `validation` records
+    (metrics.jsonl's val lines), loss.png gets a second panel: validation MSE and the mean baseline."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -18,7 +26,10 @@ def write_plots(records: list[StepRecord], summary: RunSummary, out_dir: str | P
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = [r.step for r in records]
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    if validation:
+        fig, (ax, val_ax) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=(3, 2))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [r.loss for r in records], lw=1, label="loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -29,6 +40,10 @@ def write_plots(records: list[StepRecord], summary: RunSummary, out_dir: str | P
     lr_ax.plot(steps, [r.lr for r in records], color="tab:orange", lw=1, alpha=0.6, label="lr")
     lr_ax.set_ylabel("learning rate")
     ax.set_title(f"loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}")
+    handles = ax.get_legend_handles_labels()[0] + lr_ax.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="best", fontsize=8)
+    if validation:
+        _validation_panel(val_ax, validation)
     fig.tight_layout()
     loss_png = out_dir / "loss.png"
     fig.savefig(loss_png, dpi=110)
@@ -53,3 +68,22 @@ def write_plots(records: list[StepRecord], summary: RunSummary, out_dir: str | P
     fig.savefig(time_png, dpi=110)
     plt.close(fig)
     return [loss_png, time_png]
+
+
+def _validation_panel(ax, validation: list[dict[str, Any]]) -> None:
+    """Validation MSE of the model and of predicting the mean action, over steps (normalized scale)."""
+    steps = [v["step"] for v in validation]
+    ax.plot(steps, [v["mse"] for v in validation], "o-", ms=3, lw=1.2, label="validation MSE (model)")
+    ax.plot(steps, [v["baseline"] for v in validation], "s--", ms=3, lw=1, color="tab:gray",
+            label="predicting the mean action")  # fmt: skip
+    values = [x for v in validation for x in (v["mse"], v["baseline"])]
+    if all(x > 0 for x in values):
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("action MSE (normalized)")
+    last = validation[-1]
+    ax.set_title(
+        f"held-out episodes: MSE / mean baseline = {last['ratio']:.3g} at step {last['step']}", fontsize=10
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)

@@ -9,10 +9,12 @@ come from `_build.build_parts`, tests use tiny stand-ins), one module each under
                                      vla_graph's GraphedStep running forward/backward (eager or CUDA graphs)
     checkpoint  CheckpointComponent  save and resume the run's state
     metrics     MetricsComponent     per-step records, one host sync per logging window, logs, summary
+    validation  ValidationComponent  open-loop action MSE on the held-out episodes vs the mean action,
+                                     every `eval.every` steps; leaves the training trajectory untouched
 
 `fit()` claims the run folder and resumes if asked, then `train()` runs the loop: per step the lr, the data,
 `train_step()` (forward + backward of every microbatch with the gradient sync, clip, optimizer step), and the
-logging, checkpoint and stop decisions."""
+logging, validation, checkpoint and stop decisions."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from ._components.checkpoint import CheckpointComponent
 from ._components.data import DataComponent
 from ._components.metrics import MetricsComponent
 from ._components.model import ModelComponent
+from ._components.validation import ValidationComponent
 from ._config import TrainConfig
 from ._config_io import write_config_json
 from ._distributed import DistEnv
@@ -84,6 +87,7 @@ class Trainer:
         self.data = DataComponent(parts.data, cfg.optim.grad_accum)
         self.checkpoint = CheckpointComponent(cfg, env, parts, self.model, self.data, self.global_batch)
         self.metrics = MetricsComponent(cfg, env, parts, self.global_batch, timer)
+        self.validation = ValidationComponent(cfg, env, parts, self.model)
 
         self.step = 0
         """Optimizer steps done (the checkpoint of a resume sets it)."""
@@ -138,7 +142,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------- the loop
     def train(self) -> None:
         """The training loop, from `self.step` to `cfg.steps`. Nothing in it waits for the device except the
-        flush of a logging window (every `logging.every` steps), a checkpoint and the first step."""
+        flush of a logging window (every `logging.every` steps), a validation, a checkpoint and the first
+        step."""
         cfg, timer = self.cfg, self.metrics.timer
         for step in range(self.step, cfg.steps):
             timer.begin_step()
@@ -159,11 +164,14 @@ class Trainer:
             if self.step_callback is not None:
                 self.step_callback()
             save_now = self._save_due()
-            flush = self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now
+            validate = self.validation.due(self.step)
+            flush = self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now or validate
             stop = self.checks.poll(flush, self.data.state_dict(), self.samples_seen)
             if flush or stop:
                 self.model.wait_for_update()
                 self.metrics.flush()  # one host sync for the window: global losses, NaN check, logs
+            if validate and not stop:  # before the checkpoint: a resume from it keeps this validation
+                self.metrics.add_validation(self.validation.run(self.step))
             if save_now or stop:
                 saved = self.save()
             if stop:  # SIGTERM / SIGINT: the checkpoint is written, now leave

@@ -3,14 +3,15 @@
 Each step's loss, gradient norm and phase times stay on the device (`add_step`); every `logging.every` steps
 (and before a checkpoint or a stop) `flush` syncs the host once for the whole window: the loss averaged over
 ranks, a non-finite loss named with the samples that hold NaN/inf, and one StepRecord per step written to
-metrics.jsonl, TensorBoard and the progress bar (`MetricsLogger`, `_metrics.py`). At the end, the summary,
-summary.json and the plots."""
+metrics.jsonl, TensorBoard and the progress bar (`MetricsLogger`, `_metrics.py`). Validations (`validation.py`)
+are recorded beside them (`add_validation`). At the end, the summary, summary.json and the plots."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,14 @@ class MetricsComponent:
         )
         self._pending: list[_Pending] = []
         self._logger: MetricsLogger | None = None
+        self.validations: list[dict[str, Any]] = []
+        """This session's validation records (metrics.jsonl's `"kind": "val"` lines)."""
+        self._opened = time.perf_counter()
 
     def open(self, start_step: int) -> None:
         """Start logging a session that begins after `start_step` (a resume drops later lines)."""
-        self._pending = []
+        self._pending, self.validations = [], []
+        self._opened = time.perf_counter()  # the session's wall time, validation's share of it
         self._logger = MetricsLogger(
             self.out_dir,
             total_steps=self.cfg.steps,
@@ -98,6 +103,12 @@ class MetricsComponent:
         pending, self._pending = self._pending, []
         if pending:
             self._logger.log(self._records(pending))
+
+    def add_validation(self, record: dict[str, Any]) -> None:
+        """A validation's record (every rank has it; rank 0 writes it): metrics.jsonl, TensorBoard, the
+        progress bar, and the summary's last validation."""
+        self.validations.append(record)
+        self._logger.log_validation(record)
 
     def _records(self, pending: list[_Pending]) -> list[StepRecord]:
         local = torch.stack([p.loss for p in pending]).float()
@@ -137,6 +148,7 @@ class MetricsComponent:
         """Averages over the session's measured steps (the first `logging.summary_skip` left out)."""
         summary = summarize(self.records, self.cfg.logging.summary_skip, self.throughput)
         summary.skipped_samples = skipped_samples
+        summary.add_validation(self.validations, time.perf_counter() - self._opened)
         return summary
 
     def write_report(self, summary: RunSummary, facts: dict[str, Any]) -> None:
@@ -152,7 +164,8 @@ class MetricsComponent:
         if self.cfg.logging.plots:
             from .._plots import write_plots
 
-            write_plots(read_history(self.out_dir / "metrics.jsonl"), summary, self.out_dir)
+            metrics = self.out_dir / "metrics.jsonl"
+            write_plots(read_history(metrics), summary, self.out_dir, validation=read_validation(metrics))
 
 
 def _flat_ids(per_microbatch: list[Any]) -> list[int] | None:
@@ -166,9 +179,28 @@ def _flat_ids(per_microbatch: list[Any]) -> list[int] | None:
 
 def read_history(path: Path) -> list[StepRecord]:
     """Every step of the run so far (earlier sessions included), last write of a step winning."""
-    by_step: dict[int, StepRecord] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            row = {k: (float(v) if isinstance(v, str) else v) for k, v in json.loads(line).items()}
-            by_step[int(row["step"])] = StepRecord(**row)
+    by_step = {int(row["step"]): StepRecord(**row) for row in _rows(path, kind=None)}
     return [by_step[s] for s in sorted(by_step)]
+
+
+def read_validation(path: Path) -> list[dict[str, Any]]:
+    """Every validation of the run so far (metrics.jsonl's `"kind": "val"` lines), last write of a step
+    winning, NaN read back as NaN."""
+    by_step = {int(row["step"]): row for row in _rows(path, kind="val")}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _rows(path: Path, kind: str | None) -> list[dict[str, Any]]:
+    """The lines of metrics.jsonl of one kind (None: step lines, which carry no `kind`), strings -> floats."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [_floats(row) for row in rows if row.get("kind") == kind]
+
+
+def _floats(row: dict[str, Any]) -> dict[str, Any]:
+    # NaN/inf were written as strings (`_metrics._finite`); `kind` is the one string field
+    return {
+        k: _floats(v) if isinstance(v, dict) else float(v) if isinstance(v, str) and k != "kind" else v
+        for k, v in row.items()
+    }
