@@ -62,7 +62,9 @@ def _train(args: argparse.Namespace, name: str, stance: str) -> dict:
     ):
         argv += ["--set", item]
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RUN.format(stance=stance, argv=argv)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN.format(stance=stance, argv=argv)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     summary = json.loads((out / "summary.json").read_text())
@@ -120,10 +122,14 @@ def main() -> None:
             per = sum(later) / len(later)
             cost = f"{', '.join(f'{v:.2f}' for v in vals)}; {100 * per / (500 * r['step_ms'] / 1000):.2f}%"
         mfu = r.get("mfu") or 0.0
-        print(f"{r['variant']:<48} {r['samples_per_s']:>9.1f} {100 * mfu:>5.1f}% {r.get('step_ms') or 0:>8.2f}  {cost}")
+        print(
+            f"{r['variant']:<48} {r['samples_per_s']:>9.1f} {100 * mfu:>5.1f}% {r.get('step_ms') or 0:>8.2f}  {cost}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -289,7 +289,9 @@ def test_sigterm_to_the_job_saves_a_checkpoint_and_says_so(dataset, tmp_path, tr
     assert match.group(2) == str(out / "checkpoints" / f"step_{step:06d}") and 1 <= step < 300
     assert sorted(losses(out)) == list(range(1, step + 1))
     # the same schedule, stopping earlier: a change of `steps` that a resume allows when named
-    assert main(train_args(dataset, out, f"steps={step + 2}") + ["--resume", "--resume-changed", "steps"]) == 0
+    assert (
+        main(train_args(dataset, out, f"steps={step + 2}") + ["--resume", "--resume-changed", "steps"]) == 0
+    )
     assert sorted(losses(out)) == list(range(1, step + 3))
 
 

@@ -124,7 +124,9 @@ def test_a_checkpoint_that_unpickles_code_is_refused_without_torchs_advice(
 
     torch.save({"state": Payload()}, step3 / "optimizer.pt")
     (step3 / "manifest.json").unlink()
-    write_manifest(step3, {"step": 3, "run_id": json.loads((step3 / "trainer_state.json").read_text())["run_id"]})
+    write_manifest(
+        step3, {"step": 3, "run_id": json.loads((step3 / "trainer_state.json").read_text())["run_id"]}
+    )
     assert _resume(train_args, dataset, run) == 2
     line = _error(capsys)
     assert "optimizer.pt names" in line and "refused, since loading it could run code" in line
@@ -144,13 +146,17 @@ def test_an_allowed_change_is_recorded(run, dataset, train_args) -> None:
     final = run / "checkpoints" / "step_000006"
     assert json.loads((final / "trainer_state.json").read_text())["resume_changes"] == record
     assert json.loads((run / "summary.json").read_text())["resume_changes"] == record
-    lrs = {json.loads(x)["step"]: json.loads(x)["lr"] for x in (run / "metrics.jsonl").read_text().splitlines()}
+    lrs = {
+        json.loads(x)["step"]: json.loads(x)["lr"] for x in (run / "metrics.jsonl").read_text().splitlines()
+    }
     assert lrs[4] < 1e-3  # the schedule goes on from step 3 with the new peak, no restart of the warmup
 
 
 def test_more_steps_continue_the_recorded_schedule_at_its_final_lr(run, dataset, train_args) -> None:
     assert _resume(train_args, dataset, run, "steps=8", flags=("--resume-changed", "steps")) == 0
-    lrs = {json.loads(x)["step"]: json.loads(x)["lr"] for x in (run / "metrics.jsonl").read_text().splitlines()}
+    lrs = {
+        json.loads(x)["step"]: json.loads(x)["lr"] for x in (run / "metrics.jsonl").read_text().splitlines()
+    }
     assert sorted(lrs) == list(range(1, 9))
     final = 0.003 * 0.1  # the demo's peak lr x optim.min_lr_ratio: where the 6-step schedule ends
     assert lrs[7] == pytest.approx(final) and lrs[8] == pytest.approx(final)

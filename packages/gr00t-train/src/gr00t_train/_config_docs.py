@@ -23,9 +23,9 @@ def field_docs(cls: type) -> dict[str, str]:
     docs = {}
     for node, after in zip(body, body[1:]):
         is_doc = isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant)
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and is_doc:
-            if isinstance(after.value.value, str):
-                docs[node.target.id] = " ".join(after.value.value.split())
+        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if is_field and is_doc and isinstance(after.value.value, str):
+            docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 
@@ -34,7 +34,12 @@ def first_sentence(doc: str) -> str:
     depth = 0
     for i, char in enumerate(doc):
         depth += {"(": 1, ")": -1}.get(char, 0)
-        if char == "." and depth == 0 and doc[i + 1 : i + 2] in ("", " ") and not doc[:i].endswith(("e.g", "i.e")):
+        if (
+            char == "."
+            and depth == 0
+            and doc[i + 1 : i + 2] in ("", " ")
+            and not doc[:i].endswith(("e.g", "i.e"))
+        ):
             return doc[: i + 1]
     return doc
 

@@ -180,7 +180,10 @@ def resolve_optimizations(
     zero1 = comm == "zero1_overlap"
     # (on where `auto`, the reason when not), from the device and the modes chosen above
     choices = {
-        "graph": (cuda and comm != "ddp", "needs CUDA" if not cuda else "torch DDP (comm=ddp) cannot run in graphs"),
+        "graph": (
+            cuda and comm != "ddp",
+            "needs CUDA" if not cuda else "torch DDP (comm=ddp) cannot run in graphs",
+        ),
         "compile": (cuda, "needs CUDA"),
         "bf16_weights": (
             modern and zero1 and precision != "fp32",
@@ -219,7 +222,10 @@ def _describe(cfg: TrainConfig, kind: str, why: dict[str, str]) -> str:
     opts = cfg.optimizations
     flat = opts.flat_optimizer == "on"
     needs = {  # switches that act only on top of others
-        "staged_update": (opts.optimizer_overlap == "on" and flat, "needs optimizer_overlap and flat_optimizer"),
+        "staged_update": (
+            opts.optimizer_overlap == "on" and flat,
+            "needs optimizer_overlap and flat_optimizer",
+        ),
         "skip_untouched_rows": (opts.comm == "zero1_overlap", "needs comm=zero1_overlap"),
         "param_remainders": (flat and opts.bf16_weights == "on", "needs flat_optimizer and bf16_weights"),
     }
@@ -232,7 +238,9 @@ def _describe(cfg: TrainConfig, kind: str, why: dict[str, str]) -> str:
         elif value in (True, "on") or (name == "graph" and value != "eager"):
             on.append(name if name != "graph" else f"graph={value}")
         elif name == "fp8_frozen":
-            off.setdefault("changes the numerics: opt in with --set optimizations.fp8_frozen=true", []).append(name)
+            off.setdefault(
+                "changes the numerics: opt in with --set optimizations.fp8_frozen=true", []
+            ).append(name)
         else:
             off.setdefault(why.get(name, f"set to {str(value).lower()}"), []).append(name)
     off_text = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in off.items())

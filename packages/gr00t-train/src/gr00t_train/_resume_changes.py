@@ -30,7 +30,9 @@ HARMLESS = (
     "optimizations.sync_in_graph", "optimizations.bf16_weights", "optimizations.merged_dit_linears",
 )  # fmt: skip
 """Settings (or section prefixes) that change how fast or how visibly the run goes, not what it computes."""
-LAYOUT = {"optimizations.comm": "ZeRO-1 (comm=zero1_overlap) keeps its optimizer state in a format of its own"}
+LAYOUT = {
+    "optimizations.comm": "ZeRO-1 (comm=zero1_overlap) keeps its optimizer state in a format of its own"
+}
 """Settings whose change the checkpoint's optimizer state cannot follow, with the reason. (The DiT's merged
 linears are checked from the checkpoint's model config, which records what ran: `_resume_checks`.)"""
 LEGACY = {"data.val_episodes": 0}
@@ -140,4 +142,3 @@ def _show(value: Any) -> str:
 def as_records(changes: list[Change], step: int) -> list[dict[str, Any]]:
     """JSON records of allowed changes at a resume (what checkpoints and summary.json keep)."""
     return [{"step": step, "key": c.key, "from": c.before, "to": c.now} for c in changes]
-

@@ -100,7 +100,9 @@ def _refuse_changes(path: Path, changes: list[Change], allowed: list[str], fresh
     )
 
 
-def _check_schedule(path: Path, cfg: TrainConfig, state: dict[str, Any], changes: list[Change], fresh: str) -> None:
+def _check_schedule(
+    path: Path, cfg: TrainConfig, state: dict[str, Any], changes: list[Change], fresh: str
+) -> None:
     """A changed `steps` (allowed by --resume-changed) keeps the checkpoint's schedule: steps past its end
     train at its final lr, which must not be 0."""
     if not any(c.key == "steps" for c in changes) or "schedule" not in state:

@@ -48,7 +48,9 @@ class ModelComponent:
         self.plan: SyncPlan = plan_grad_sync(parts.model, cfg, env)
         self.rows_touched, self._row_key = _track_rows(cfg, parts, env, self.plan.optimizer)
         """Which rows of TrainParts.row_tables a batch has touched (the optimizer skips the others), or None."""
-        self.updates = vla_overlap.UpdateStream(env.device) if cfg.optimizations.optimizer_overlap == "on" else None
+        self.updates = (
+            vla_overlap.UpdateStream(env.device) if cfg.optimizations.optimizer_overlap == "on" else None
+        )
         """The optimizer's side stream (optimizations.optimizer_overlap), else None."""
         self._stage_hooks = _stage_update(cfg, parts, self.plan.optimizer, self.updates)
         """Forward pre-hooks making each staged block wait for its stage of the update (staged_update)."""
