@@ -145,7 +145,7 @@ examples:
   gr00t-train train --set data.dataset=/data/my_robot --set data.cameras=front,wrist \\
       --set model.checkpoint=/models/GR00T-N1.6-3B --set model.tokenizer=/models/gr00t-tokenizer
   gr00t-train train --config run.yaml --resume              # continue the exact trajectory
-  torchrun --nproc-per-node 8 -m gr00t_train train --config run.yaml"""
+  gr00t-train launch --nproc-per-node 8 train --config run.yaml      # 8 GPUs (torchrun)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
