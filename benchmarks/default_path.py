@@ -43,6 +43,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--variants", default="plain,plain-eval-compiled,ladder")
     p.add_argument("--out", type=Path, default=Path("/tmp/default_path"))
     p.add_argument("--json", type=Path)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="more settings for every variant (e.g. model.preset=tiny for a quick CPU check)")  # fmt: skip
     return p.parse_args()
 
 
@@ -59,6 +61,7 @@ def _train(args: argparse.Namespace, name: str, stance: str) -> dict:
         f"logging.summary_skip={args.warmup}",
         "logging.progress=false",
         "checkpoint.save_final=false",
+        *args.overrides,
     ):
         argv += ["--set", item]
     started = time.perf_counter()
@@ -94,13 +97,15 @@ def _ladder(args: argparse.Namespace) -> dict:
     argv = ["bench", "--rows", str(row), "--steps", str(args.steps - args.warmup), "--warmup", str(args.warmup),
             "--set", f"data.dataset={args.dataset}", "--set", f"data.cameras={args.cameras}",
             "--set", f"output_dir={args.out / 'ladder'}", "--set", "logging.progress=false", "--json", str(out)]  # fmt: skip
+    for item in args.overrides:
+        argv += ["--set", item]
     proc = subprocess.run([sys.executable, "-m", "gr00t_train", *argv], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"ladder failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     result = json.loads(out.read_text())
     (measured,) = [r for r in result["rows"] if r.get("samples_per_s")]
     return {"variant": f"ladder row {row} ({LADDER[row][0]})", "samples_per_s": measured["samples_per_s"],
-            "mfu": measured.get("mfu"), "step_ms": measured.get("step_ms")}  # fmt: skip
+            "mfu": measured.get("mfu"), "step_ms": measured.get("step_time_ms")}  # fmt: skip
 
 
 def main() -> None:
