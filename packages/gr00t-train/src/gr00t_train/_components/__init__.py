@@ -7,5 +7,7 @@
   GraphedStep running the step's forward and backward;
 - `checkpoint.py`: `CheckpointComponent`, what a checkpoint holds and how a run resumes from one;
 - `metrics.py`: `MetricsComponent`, the step timer's records, the host sync of each logging window (global
-  loss, non-finite check), metrics.jsonl / TensorBoard / progress bar, the summary and its report.
+  loss, non-finite check), metrics.jsonl / TensorBoard / progress bar, the summary and its report;
+- `validation.py`: `ValidationComponent`, open-loop action MSE on the held-out episodes next to predicting the
+  mean action, every `eval.every` steps, leaving the training trajectory untouched.
 """
