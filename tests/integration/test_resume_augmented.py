@@ -21,6 +21,7 @@ from pathlib import Path
 import gr00t_model
 import pytest
 import torch
+from _launch_job import descendants
 from gr00t_train.cli import main
 
 STEPS, EVERY = 16, 4  # killed at the first checkpoint: 12 steps left to interrupt
@@ -45,26 +46,9 @@ def _command(ranks: int) -> list[str]:
             "-m", "gr00t_train"]  # fmt: skip
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun starts its ranks in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _kill_9(pid: int) -> None:
     """SIGKILL a process and everything it started (launcher, ranks, data workers): the whole job dies."""
-    for victim in [*_descendants(pid), pid]:
+    for victim in [*descendants(pid), pid]:
         with contextlib.suppress(ProcessLookupError):  # already gone
             os.kill(victim, signal.SIGKILL)
 
