@@ -28,6 +28,12 @@ _LAZY = {
     "LoadReport": "._checkpoint",
     "load_tokenizer": "._tokenizer",
     "make_dummy_batch": "._dummy",
+    "LoRALinear": "._lora",
+    "add_lora": "._lora",
+    "load_lora": "._lora",
+    "lora_state_dict": "._lora",
+    "merge_lora": "._lora",
+    "save_lora": "._lora",
 }
 
 __all__ = [
@@ -38,15 +44,21 @@ __all__ = [
     "GR00TProcessor",
     "ImageSpec",
     "JointGroup",
+    "LoRALinear",
     "LoadReport",
     "ProcessorConfig",
     "__version__",
+    "add_lora",
     "count_parameters",
     "from_pretrained",
+    "load_lora",
     "load_tokenizer",
+    "lora_state_dict",
     "make_dummy_batch",
+    "merge_lora",
     "preprocess_images",
     "relative_action_stats",
+    "save_lora",
     "save_pretrained",
     "training_flops_per_sample",
 ]
@@ -56,6 +68,7 @@ if TYPE_CHECKING:
     from ._dummy import make_dummy_batch
     from ._flops import count_parameters, training_flops_per_sample
     from ._images import ImageSpec, preprocess_images
+    from ._lora import LoRALinear, add_lora, load_lora, lora_state_dict, merge_lora, save_lora
     from ._model import GR00TN16
     from ._normalize import EmbodimentSpec, JointGroup, relative_action_stats
     from ._processor import GR00TProcessor, ProcessorConfig
