@@ -6,7 +6,8 @@ copy thread, moves batches through pinned buffers on a dedicated CUDA stream and
 `device_transform` (e.g. GPU augmentation) there (`level3_device`); the consumer's stream waits on an
 event, never the host. `producer` starts and stops the three levels. Each level records how long
 its consumer waited on it. The order is a pure function of (seed, epoch, rank), so `state_dict()` resumes
-exactly, and `synchronous=True` produces the same batches in the caller's thread.
+exactly, and `synchronous=True` produces the same batches in the caller's thread. A state saved at another
+world size or batch size continues at the same place of the epoch's global order (`load_state_dict`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from .skips import SkipLog
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
-_STATE_FIELDS = (
-    "seed", "world_size", "batch_size", "num_samples", "shuffle", "drop_last", "sample_window",
-)  # fmt: skip
+_STATE_FIELDS = ("seed", "num_samples", "shuffle", "drop_last", "sample_window")
+"""What a saved state must share with the pipeline that loads it (world size and batch size may differ)."""
 
 
 class _Background:
@@ -142,7 +142,7 @@ class Pipeline:
 
     def _advance(self) -> None:
         self._batch += 1
-        if self._batch == len(self):
+        if self._batch == self.sampler.batches_in(self._epoch):
             self._epoch, self._batch = self._epoch + 1, 0
         self._stats.batches += 1
 
@@ -183,10 +183,14 @@ class Pipeline:
 
     # -- checkpointing --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Position in the stream (the next batch to deliver) plus what must match on resume."""
+        """Position in the stream (the next batch to deliver) plus what must match on resume. `consumed` is
+        the same position in world-size independent terms: the places of the epoch's global order that every
+        rank together has taken (`epoch_start`: where this epoch began, when it was resumed mid-way)."""
         return {
             "epoch": self._epoch,
             "batch": self._batch,
+            "epoch_start": self.sampler.epoch_start(self._epoch),
+            "consumed": self.sampler.consumed(self._epoch, self._batch),
             "seed": self.config.seed,
             "world_size": self.config.world_size,
             "batch_size": self.config.batch_size,
@@ -198,7 +202,13 @@ class Pipeline:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a saved position: the next batch is the one that followed it in the saved run."""
+        """Continue from a saved position: the next batch is the one that followed it in the saved run.
+
+        Saved at another world size or batch size, the epoch continues at the same place of its global
+        order: the places every rank of the saved run had taken are skipped, and each rank of this pipeline
+        takes its share of the rest of that epoch (`EpochSampler.start_epoch_at`); later epochs are dealt
+        out as usual. No sample of the epoch is repeated or left out, except a tail shorter than one batch
+        on every rank, which `drop_last` leaves out of any epoch."""
         mine = self.state_dict()
         for name in _STATE_FIELDS:
             if name in state and state[name] != mine[name]:
@@ -206,12 +216,37 @@ class Pipeline:
                     f"Pipeline state has {name}={state[name]!r}, this pipeline has {mine[name]!r}"
                 )
         epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not 0 <= batch < len(self):
-            raise ValueError(f"Pipeline state batch {batch} outside [0, {len(self)})")
+        start = int(state.get("epoch_start", 0))
+        same_shape = all(state.get(k, mine[k]) == mine[k] for k in ("world_size", "batch_size"))
+        if not same_shape:
+            start, batch = self._place_of(state), 0
         self._stop_producer()
+        self.sampler.start_epoch_at(epoch, start)
+        if not 0 <= batch < self.sampler.batches_in(epoch):
+            if same_shape or batch:
+                raise ValueError(
+                    f"Pipeline state batch {batch} outside [0, {self.sampler.batches_in(epoch)})"
+                )
+            self.sampler.start_epoch_at(epoch + 1, 0)  # the rest is less than a batch per rank: dropped
+            epoch += 1
         self._epoch, self._batch = epoch, batch
         self._skips.forget_pending()
         self._skips.count = int(state.get("skipped_samples", 0))
+
+    def _place_of(self, state: Mapping[str, Any]) -> int:
+        """The place of the epoch's global order where a state saved at another world size or batch size
+        continues: every place before it was taken by one of the saved run's ranks."""
+        window, batch = int(state.get("sample_window", 1)), int(state["batch"])
+        taken = batch * int(state["batch_size"])  # per rank
+        if window > 1 and taken % window:
+            raise ValueError(
+                f"Pipeline state at batch {batch} of {state['batch_size']} samples took part of a "
+                f"{window}-sample window on each rank: it continues at another world size or batch size only "
+                "where each rank took whole windows"
+            )
+        if "consumed" in state:
+            return int(state["consumed"])
+        return min(self.sampler.num_samples, taken * int(state["world_size"]))  # before `consumed` existed
 
     # -- statistics and shutdown ----------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
