@@ -1,40 +1,28 @@
 """Measured variants of step_variants.py's `ours-full` row: each undoes or changes one thing, so that its
-effect is measured side by side in one process (BENCHMARKS.md's third and fifth passes)."""
+effect is measured side by side in one process (BENCHMARKS.md, "Levers tried", lists what each measured)."""
 
 from __future__ import annotations
 
 import functools
 from unittest import mock
 
-import _wgrad_stream_probe
 import torch
 from torch.nn.attention import SDPBackend
 
 PATCHES = {  # measured variants of a row, applied to the built Trainer
-    # probes of the ninth pass (_wgrad_stream_probe.py; they leave AOTAutograd's donated buffers off for the
-    # rest of the process: run them last). Inductor's buffer reuse and donated buffers off, alone; then with the
-    # routed Linears' weight-gradient GEMMs on a side stream beside the backward
-    "ours-full-no-reuse": lambda t: _wgrad_stream_probe.no_reuse(t),
-    "ours-full-wgrad-stream": lambda t: _wgrad_stream_probe.wgrad_stream(t),
     # the optimizer's side stream at a higher priority
     "ours-full-high-priority": lambda t: setattr(t.updates, "_stream", torch.cuda.Stream(priority=-1)),
     # the clipping norm summed per parameter piece (torch's order) instead of per bucket shard
     "ours-full-piece-norm": lambda t: setattr(t.model.optimizer, "_shards_are_pieces", False),
-    # the flat step's blocks exactly on the runs, 4-byte accesses (before the fifth pass)
+    # the flat step's blocks exactly on the runs, 4-byte accesses (before 2026-12-01)
     "ours-full-unaligned": lambda t: _unaligned_blocks(t.model.optimizer.flat),
-    # the clipping norm by torch's vector_norm per shard (before the fifth pass)
+    # the clipping norm by torch's vector_norm per shard (before 2026-12-01)
     "ours-full-torch-norm": lambda t: setattr(
         t.model.optimizer.flat, "grad_norm", _torch_norm(t.model.optimizer.flat)
     ),
 }
 
 BUILT_WITH = {  # variants in place while the Trainer is built and runs
-    "ours-full-no-reuse": lambda: mock.patch.object(
-        torch, "compile", _with_options(allow_buffer_reuse=False, inplace_buffers=False)
-    ),
-    "ours-full-wgrad-stream": lambda: mock.patch.object(
-        torch, "compile", _with_options(allow_buffer_reuse=False, inplace_buffers=False)
-    ),
     # Inductor autotunes each block's GEMMs (Triton templates against cuBLAS) and its pointwise/reduction
     # kernels (coordinate descent), as mode="max-autotune-no-cudagraphs" does
     "ours-full-max-autotune": lambda: mock.patch.object(
@@ -45,7 +33,7 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         torch, "compile", _with_options(coordinate_descent_tuning=True)
     ),
     # coordinate descent for the frozen vision blocks only: their forward-only kernels are few, so tuning them
-    # should cost seconds, where tuning every block's forward and backward cost 100 s (sixth pass)
+    # should cost seconds, where tuning every block's forward and backward cost 100 s (2026-12-01)
     "ours-full-cd-vision": lambda: mock.patch.object(
         torch, "compile", _with_options(blocks=("VisionLayer",), coordinate_descent_tuning=True)
     ),
@@ -56,23 +44,23 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         _with_options(blocks=("VisionLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
     ),
     # Inductor autotunes the DiT blocks' GEMMs only (Triton templates against cuBLAS): cuBLAS runs the M = 816
-    # GEMMs below 70% of peak (eleventh pass: slower, and 5.4 minutes to start)
+    # GEMMs below 70% of peak (2026-12-02: slower, and 5.4 minutes to start)
     "ours-full-autotune-dit": lambda: mock.patch.object(
         torch, "compile", _with_options(blocks=("TransformerBlock",), max_autotune_gemm=True)
     ),
     # the DiT blocks' column sums (bias gradients over 816 rows) as one kernel each instead of Inductor's split
-    # reduction's two (thirteenth pass's timeline: 2.3 + 1.3 us and a gap per bias gradient; not measured yet)
+    # reduction's two (a 2026-12-02 timeline: 2.3 + 1.3 us and a gap per bias gradient; measured slower)
     "ours-full-dit-unsplit-reductions": lambda: mock.patch.object(
         torch, "compile", _with_options(blocks=("TransformerBlock",), split_reductions=False)
     ),
-    # Inductor's default reductions: no persistent variant past 1024 elements per row (before the seventh pass,
-    # which made `triton.multi_kernel` a default of gr00t_model's compile_blocks)
+    # Inductor's default reductions: no persistent variant past 1024 elements per row (before
+    # `triton.multi_kernel` became a default of gr00t_model's compile_blocks)
     "ours-full-looped-reductions": lambda: mock.patch.object(
         torch, "compile", _with_options(**{"triton.multi_kernel": 0})
     ),
-    # SigLIP2's q, k and v projections as three GEMMs (before the tenth pass)
+    # SigLIP2's q, k and v projections as three GEMMs (before 2026-12-02)
     "ours-full-separate-qkv": lambda: mock.patch("gr00t_model._model.merge_qkv", lambda attn: False),
-    # the DiT's self-attention on SDPA's own pick, cuDNN on an H200 (before the tenth pass)
+    # the DiT's self-attention on SDPA's own pick, cuDNN on an H200 (before 2026-12-02)
     "ours-full-sdpa-self-attention": lambda: mock.patch(
         "gr00t_model._dit.SELF_ATTENTION_BACKENDS",
         [
@@ -83,47 +71,47 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
         ],
     ),
     # the DiT's dropout drawn inside its compiled blocks by Inductor's Philox code, one number per element,
-    # instead of one Bernoulli draw of every block's keep-masks (before the eleventh pass)
+    # instead of one Bernoulli draw of every block's keep-masks (before 2026-12-02)
     "ours-full-inductor-dropout": lambda: mock.patch(
         "gr00t_model._dit.AlternateVLDiT.keep_masks", lambda self, tokens: None
     ),
     # the keep-masks drawn by torch's bernoulli_ instead of gr00t-model's Triton kernel
     "ours-full-bernoulli-masks": lambda: mock.patch("gr00t_model._keep_mask._kernel", lambda: None),
-    # each Qwen3 layer's block-final residual add as a pass of its own, outside the compiled blocks (before the
-    # eleventh pass it ended each compiled block, also a pass of its own)
+    # each Qwen3 layer's block-final residual add as a pass of its own, outside the compiled blocks (it once
+    # ended each compiled block, also a pass of its own)
     "ours-full-qwen3-adds-apart": lambda: mock.patch(
         "gr00t_model._language.LanguageModel.run_layers", _qwen3_adds_apart
     ),
-    # SigLIP2's GELU as its own pass after the up-projection's GEMM (before the sixth pass)
+    # SigLIP2's GELU as its own pass after the up-projection's GEMM (before 2026-12-01)
     "ours-full-separate-gelu": lambda: mock.patch("gr00t_model._model.gelu_into_gemm", lambda mlp: False),
     # graphs captured on a stream of the default priority, the optimizer's side stream's, instead of a higher
-    # one (vla_graph's CAPTURE_PRIORITY; before the thirteenth pass)
+    # one (vla_graph's CAPTURE_PRIORITY; before 2026-12-02)
     "ours-full-capture-default-priority": lambda: mock.patch.dict(
         "vla_graph._device._CAPTURE_STREAMS", {torch.cuda.current_device(): torch.cuda.Stream(priority=0)}
     ),
     # the once-per-step pieces eager (gr00t_model GR00TN16.once_per_step: patch embedding, connector, image
-    # placement, and since the fifteenth pass the RoPE tables, Qwen3's final norm and the vlln; before the
-    # fourteenth pass compile_blocks compiled only the repeated blocks)
+    # placement, the RoPE tables, Qwen3's final norm and the vlln; before 2026-12-02 compile_blocks compiled
+    # only the repeated blocks)
     "ours-full-eager-glue": lambda: mock.patch("gr00t_model._model.GR00TN16.once_per_step", lambda self: []),
-    # each grouped embodiment layer sorting the batch by slot for itself (before the fourteenth pass's last
-    # commit: ActionHead.slot_groups shares one sort per forward; not measured yet)
+    # each grouped embodiment layer sorting the batch by slot for itself (the earlier form:
+    # ActionHead.slot_groups now shares one sort per forward; measured the same)
     "ours-full-per-layer-sorts": lambda: mock.patch(
         "gr00t_model._action_head.ActionHead.slot_groups", lambda self, slot: slot
     ),
-    # the per-step NaN/inf sample tags by isfinite(...).all(), four kernels per tensor (before the fourteenth
-    # pass's last commits: one max-|value| reduction; not measured yet)
+    # the per-step NaN/inf sample tags by isfinite(...).all(), four kernels per tensor (the earlier form;
+    # now one max-|value| reduction; measured the same)
     "ours-full-isfinite-tags": lambda: mock.patch(
         "gr00t_train._run_checks._nonfinite_rows", lambda rows: ~torch.isfinite(rows).all(dim=1)
     ),
     # the DiT's VL context cast by each cross block's projections under autocast, instead of once for all
     # cross blocks with its gradient summed in one compiled pass (gr00t_model._context_cast.CAST_ONCE; before
-    # the fourteenth pass)
+    # 2026-12-02)
     "ours-full-cast-context-per-block": lambda: mock.patch("gr00t_model._context_cast.CAST_ONCE", False),
-    # the clipping norm's kernel with one 4096-element block per program (before the fifteenth pass: 8 each)
+    # the clipping norm's kernel with one 4096-element block per program (the earlier form: now 8 each)
     "ours-full-block-norm": lambda: mock.patch(
         "vla_overlap._flat_adamw_kernel.sum_of_squares", functools.partial(_kernels().sum_of_squares, loops=1)
     ),
-    # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before the fifth pass)
+    # fp32 gradient buffers where the stack now keeps bf16 ones (one microbatch, one rank; before 2026-12-01)
     "ours-full-fp32-grads": lambda: mock.patch(
         "gr00t_train._comm._grad_buffer_dtype", lambda cfg, env: torch.float32
     ),

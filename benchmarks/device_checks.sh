@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# What a change owes the GPU, in one device call (device time is scarce: few, full calls).
+# The GPU checks of the stack, from the repository root of a GPU host: the GPU test suite and the benchmarks
+# whose results BENCHMARKS.md reports. Each argument names one check; several run in the order given
+# (`bash benchmarks/device_checks.sh zero1 multigpu scaling`); none means `all`.
 #
-#   tests   the whole GPU suite: `pytest tests -m gpu` (its pass line goes into BENCHMARKS.md with the date);
-#           it takes about 8 minutes, close to a device call's 10: `tests1` then `tests2` in two calls run the
-#           same tests in halves (integration, vla-overlap and gr00t-model GPU files; then every other file)
-#   ladder  one run of the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
-#   all     both (default), tests first
-#   speed   our full step (and with FP8 for the frozen prefix) side by side with torch.compile(mode=
-#           "reduce-overhead") on a fixed batch, then the 200-step loss parity of both against eager
-#           (benchmarks/step_variants.py; about 10 min)
-#   scaling the full stack at world size 1 and at every GPU of the host, back to back (benchmarks/train_scaling.py)
-#   parity  300 steps with fp32 (twice) and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
-#   zero1   the captured-sync check at every GPU (tests/integration/_graph_overlap_check.py), then how often each
-#           variant of the sync in graphs differs from eager over 20 rounds (benchmarks/zero1_graph_probe.py;
-#           issue 16; about 4 min at 2 GPUs)
-#   multigpu the tests that need >= 2 GPUs (`pytest tests -m multigpu`)
-#   profile the full stack at world size 1 and at every GPU with 3 steps under torch.profiler
-#           (`logging.profile_steps`): kernel time by family and rank 0's timeline per world size, into $OUT
-# Several may be given, run in that order: `bash benchmarks/device_checks.sh zero1 multigpu scaling`.
+#   tests    the whole GPU suite, `pytest tests -m gpu` (about 8 minutes on one H200)
+#   tests1   its first half: the integration, vla-overlap and gr00t-model GPU files ($half1 below)
+#   tests2   its second half: every other GPU test file
+#   ladder   the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
+#   all      tests, then ladder
+#   speed    the full step (and with FP8 for the frozen prefix) beside torch.compile(mode="reduce-overhead")
+#            on a fixed batch, then the 200-step loss parity of both against eager (benchmarks/step_variants.py;
+#            about 10 minutes)
+#   scaling  the full stack at world size 1 and at every GPU of the host (benchmarks/train_scaling.py)
+#   parity   300 steps with fp32 (twice) and bf16 gradient reduction at every GPU (benchmarks/grad_reduce_parity.py)
+#   zero1    the captured-sync check at every GPU (tests/integration/_graph_overlap_check.py), then how often each
+#            variant of the sync in graphs differs from eager over 20 rounds (benchmarks/zero1_graph_probe.py;
+#            about 4 minutes at 2 GPUs)
+#   multigpu the tests that need two or more GPUs, `pytest tests -m multigpu`
+#   profile  the full stack at world size 1 and at every GPU with 3 steps under torch.profiler
+#            (`logging.profile_steps`): kernel time by family and rank 0's timeline per world size
 #
-# Run from the repository root on the device with the PyAV/torchcodec wheels carried in .gpu/whl:
-#   mkdir -p .gpu/whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_28_x86_64 -d .gpu/whl av==19.0.2 torchcodec==0.17.0     # here, once
-#   run(command="bash benchmarks/device_checks.sh all", carry=[".gpu"])                  # on the device
-# Results land in $OUT (or /tmp/device_checks): pytest_gpu.txt, the ladder's JSON and log, gpu.txt.
+# Needs PyAV and torchcodec: benchmarks/gpu_env.sh installs them from wheels in .gpu/whl (benchmarks/README.md
+# says how to get them). Results go to $OUT (default /tmp/device_checks): gpu.txt (the GPU, driver and torch),
+# pytest_gpu*.txt, the ladder's JSON and log, and each check's JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Source on an offline GPU host, from the repository root: installs the wheels carried in .gpu/whl (PyAV and
-# torchcodec for cp312; see the README of benchmarks) into /tmp/site, links PyAV's FFmpeg libraries under the
-# sonames torchcodec asks for, and puts them and this checkout's packages on the import and library paths.
+# Source on a GPU host without internet access, from the repository root: installs the wheels in .gpu/whl
+# (PyAV and torchcodec for cp312; benchmarks/README.md says how to download them) into /tmp/site, links PyAV's
+# FFmpeg libraries under the sonames torchcodec asks for, and puts them and this checkout's packages on the
+# import and library paths. VLA_WHEELS=DIR reads the wheels from DIR instead.
 whl=${VLA_WHEELS:-.gpu/whl}
 if [ -d "$whl" ] && [ ! -d /tmp/site/av ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"/*.whl
@@ -17,5 +18,5 @@ export LD_LIBRARY_PATH="/tmp/ffmpeg:/tmp/site/av.libs${LD_LIBRARY_PATH:+:$LD_LIB
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import av" 2>/dev/null; then
   # Without PyAV the tests and benchmarks that write synthetic videos fail late (25 GPU tests error): say so now.
-  echo "gpu_env.sh: PyAV is not importable: no wheels in $whl (run the device call with carry=[\".gpu\"])" >&2
+  echo "gpu_env.sh: PyAV is not importable: no wheels in $whl (see benchmarks/README.md)" >&2
 fi

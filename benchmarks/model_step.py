@@ -2,7 +2,7 @@
 
 Default: n1.6-3b with random weights, batch 16, two 256x256 cameras (resized to 252x252, 81 tokens each), on
 the GPU. MFU = analytic training FLOPs per sample (gr00t_model.training_flops_per_sample, no LM head) x
-samples/s / peak (790 TFLOP/s bf16 for an H200).
+samples/s / peak (the datasheet dense bf16 peak: 989 TFLOP/s for an H100/H200).
 
     PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/model_step.py --json benchmarks/results/model_step_h200.json
 """
@@ -34,7 +34,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--optimizer", action="store_true", help="also time a fused AdamW step")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
-    p.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 peak of the GPU (H200: 790)")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 peak (H200: 989)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     return p.parse_args()

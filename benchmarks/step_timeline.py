@@ -6,7 +6,7 @@ kernels, and which kernels cost the most with the gap that follows each (what a 
 TRACE is a Chrome trace of graphed steps (`step_variants.py --rows profile=ours-full --trace DIR`, or a run's
 `trace_rank0.json.gz` from `logging.profile_steps`). Kernel families (GEMM, attention, ...) come from the
 profile rows themselves; this reads the time between kernels, which they do not see. It found the 4-byte
-memsets before cuBLAS's GEMMs (BENCHMARKS.md, tenth pass).
+memsets before cuBLAS's GEMMs (BENCHMARKS.md, "Levers tried": no cuBLAS workspace).
 
 The step is found without host markers (graph replays carry none): with the optimizer on a side stream, a
 step runs from one start of that stream's work to the next (the second such start, so the window is whole);
@@ -88,7 +88,7 @@ def summarize(events: list[dict], start: float, stop: float, main: int, top: int
 
 def bins(events: list[dict], start: float, stop: float, main: int, width_ms: float) -> list[dict]:
     """Per `width_ms` of the window: busy ms of the compute stream and of the others, and the compute kernels
-    that start in it. Shows where the streams take turns (thirteenth pass: the first 18 ms of a step)."""
+    that start in it. Shows where the streams take turns (in 2026-12-02's profile: the first 18 ms of a step)."""
     width = width_ms * 1e3
     rows = [{"from_ms": round(i * width_ms, 3), "compute_ms": 0.0, "other_ms": 0.0, "kernels": 0}
             for i in range(int((stop - start) // width) + 1)]  # fmt: skip

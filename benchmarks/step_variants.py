@@ -16,8 +16,7 @@ difference. The `profile` row gives the GPU kernel time by family of the full st
 another row; `--trace` keeps the timeline), `profile-ops` the GPU time per torch op and input shapes of the
 same step run without graphs. `ours-full-piece-norm`, `-high-priority`, `-unaligned`, `-torch-norm`,
 `-fp32-grads`, `-separate-gelu`, `-separate-qkv`, `-sdpa-self-attention`, `-inductor-dropout`, `-bernoulli-masks`, `-qwen3-adds-apart`, `-capture-default-priority`, `-cast-context-per-block`, `-eager-glue`, `-block-norm`, `-per-layer-sorts`, `-isfinite-tags`, `-dit-unsplit-reductions`, `-autotune-dit`, `-coordinate-descent`, `-cd-vision`, `-cd-backbone`, `-looped-reductions` and
-`-max-autotune` are measured variants of `ours-full` (_step_patches.py); so are the probes `-no-reuse` and
-`-wgrad-stream` (weight-gradient GEMMs on a side stream, _wgrad_stream_probe.py), which must run last.
+`-max-autotune` are measured variants of `ours-full` (_step_patches.py).
 `ours-serial` runs the flat update on the compute stream. `ours-full-grad-copies` copies the weight gradients into the buffers in hooks instead of having the
 GEMMs write them; `ours-full-gathered-embodiments` gathers each sample's per-embodiment matrices instead of the
 grouped GEMMs. `ours-full-one-embodiment` puts every sample in one embodiment slot (the update then skips the
@@ -61,9 +60,9 @@ ROWS = {
 }
 ROWS["ours-serial"] = [*_BF16W, "optimizations.flat_optimizer=auto"]  # the flat update on the compute stream
 ROWS["ours-full-fp8"] = [*ROWS["ours-full"], "optimizations.fp8_frozen=true"]
-# weight gradients into new tensors that the hooks copy into the buffers (before the seventh pass)
+# weight gradients into new tensors that the hooks copy into the buffers (before 2026-12-01)
 ROWS["ours-full-grad-copies"] = [*ROWS["ours-full"], "optimizations.weight_grads_in_place=false"]
-# the release's per-sample gather and bmm for the per-embodiment projections (before the eighth pass)
+# the release's per-sample gather and bmm for the per-embodiment projections (before 2026-12-02)
 ROWS["ours-full-gathered-embodiments"] = [*ROWS["ours-full"], "optimizations.grouped_embodiment_gemms=off"]
 # every sample of the fixed batch in one embodiment slot, with and without the update skipping the other slots
 ROWS["ours-full-one-embodiment"] = ROWS["ours-full"]
@@ -72,9 +71,9 @@ ROWS["ours-full-one-embodiment-stepped"] = [*ROWS["ours-full"], "optimizations.s
 ROWS["ours-full-fp32-masters"] = [*ROWS["ours-full"], "optimizations.param_remainders=false"]
 # the DiT's attention on SDPA (cuDNN for cross, memory-efficient for self) instead of our Triton kernels
 ROWS["ours-full-sdpa-attention"] = [*ROWS["ours-full"], "optimizations.triton_attention=off"]
-# the whole update before the first trainable block (before the fourteenth pass), not one stage per block
+# the whole update before the first trainable block (the earlier form), not one stage per block
 ROWS["ours-full-unstaged-update"] = [*ROWS["ours-full"], "optimizations.staged_update=false"]
-# the DiT's AdaLN projections and self-attention q/k/v as one GEMM per Linear (before the fifteenth pass)
+# the DiT's AdaLN projections and self-attention q/k/v as one GEMM per Linear (the earlier form)
 ROWS["ours-full-unmerged-dit-linears"] = [*ROWS["ours-full"], "optimizations.merged_dit_linears=off"]
 for _variant in (*PATCHES, *BUILT_WITH):  # measured variants of the full row (_step_patches.py)
     ROWS[_variant] = ROWS["ours-full"]

@@ -1,19 +1,21 @@
-"""The ablation ladder of DESIGN.md section 5, measured in one run of the real trainer (`gr00t-train bench`).
+"""The ablation ladder of `gr00t-train bench`, measured in one run of the real trainer.
+
+What each switch does: docs/architecture.md, "The speed switches"; the results: BENCHMARKS.md.
 
 Rows (cumulative, gr00t_train._bench.LADDER): the LeRobot-style baseline (a torch DataLoader with workers,
 eager, torch DDP, foreach AdamW, autocast) -> + vla-io pipeline -> + overlap -> + fused AdamW -> + CUDA graphs
 -> + compiled blocks -> + bf16 weights -> + optimizer overlap -> + one-pass optimizer kernel -> + grouped
-embodiment GEMMs -> + untouched table rows skipped -> + master remainders -> + Triton DiT attention -> + staged
-update -> + FP8 frozen prefix (the stretch row: it changes the numerics). Same model,
+embodiment GEMMs -> + untouched table rows skipped -> + master remainders -> + Triton DiT attention -> + merged
+DiT linears -> + staged update -> + FP8 frozen prefix (the stretch row: it changes the numerics). Same model,
 data, device and steps in every row; each row prints samples/s, MFU (analytic FLOPs from gr00t_model against
 the GPU's datasheet dense bf16 peak), the step breakdown and its speedup over the baseline. The baseline is
 host-bound and varies between runs: it runs `--baseline-runs` times and the median counts.
 
 Default setting: LIBERO-like, `n1.6-3b` with random weights, batch 16 per GPU, two 256x256 cameras.
 
-    python -m vla_io synth /tmp/libero --preset libero --episodes 20          # the dataset, once
+    python -m vla_io synth /tmp/libero --preset libero --episodes 6           # the dataset, once
     PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\\n' ':') python benchmarks/train_ablation.py \\
-        --dataset /tmp/libero --json benchmarks/results/train_ablation_h200.json
+        --dataset /tmp/libero --workers 12 --json benchmarks/results/train_ablation_h200_<date>.json
 
 On a CPU, `--set model.preset=tiny --set data.num_workers=1` gives a quick (and noisy) run of the same code.
 """

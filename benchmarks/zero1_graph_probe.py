@@ -1,4 +1,4 @@
-"""How often gradients reduced inside a CUDA graph differ from eager at >1 GPU, per variant (issue 16).
+"""How often gradients reduced inside a CUDA graph differ from eager at >1 GPU, per variant.
 
 Each repetition builds the small model of tests/integration/_graph_overlap_check.py, runs one iteration (two
 microbatches) with the sync captured, in both graph modes and with the collectives launched by the last

@@ -1,7 +1,7 @@
 """Every GEMM of one n1.6-3b training step, by shape, timed alone with cuBLAS: how far each runs from the
 datasheet peak, and what the step's GEMMs would cost at those rates (the GEMM floor of the step).
 
-    PYTHONPATH=<the packages' src folders> python benchmarks/gemm_shapes.py [--json OUT]
+    PYTHONPATH=<the packages' src folders> python benchmarks/probes/gemm_shapes.py [--json OUT]
 
 One forward pass (no grad) with hooks on every linear layer records (M, K, N) and whether the layer trains.
 Each distinct shape is then timed in bf16, 20 calls captured in one CUDA graph as in the step (timed from
@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
-from _cuda_timing import cuda_graph_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared helpers in benchmarks/
+from _cuda_timing import cuda_graph_ms  # noqa: E402
 
 PEAK = 989.0  # H100/H200 dense bf16 TFLOP/s (datasheet)
 WHAT_IF = {  # (M, K, N, calls) of merged GEMMs that would replace some of the step's small ones

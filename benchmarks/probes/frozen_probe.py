@@ -1,6 +1,6 @@
 """The frozen prefix of an n1.6-3b step (SigLIP2 tower, connector, frozen Qwen3 layers) under its GEMM options.
 
-    PYTHONPATH=<the packages' src folders> python benchmarks/frozen_probe.py [--json OUT] [--variants ...]
+    PYTHONPATH=<the packages' src folders> python benchmarks/probes/frozen_probe.py [--json OUT] [--variants ...]
 
 Prints (1) single GEMMs of the prefix's shapes in bf16 and fp8 with rowwise scales (with and without quantizing
 the activation); (2) whether torch.mm writes fp32 from bf16 (weight-gradient GEMMs into fp32 buffers); (2b) the
@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cuda_timing import capture, cuda_graph_ms, cuda_ms
 from gr00t_model import GR00TN16, GR00TConfig, make_dummy_batch
 from gr00t_model._frozen_linear import FP8, FP8_MAX, FrozenLinear
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared helpers in benchmarks/
+from _cuda_timing import capture, cuda_graph_ms, cuda_ms  # noqa: E402
 
 SHAPES = {  # name: (M, K, N) of one GEMM of the prefix at batch 16, two cameras
     "siglip qkvo": (10368, 1152, 1152),

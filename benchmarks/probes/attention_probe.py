@@ -1,6 +1,6 @@
 """The attention calls of an n1.6-3b step (batch 16, two 252x252 cameras) under each SDPA backend.
 
-    PYTHONPATH=<the packages' src folders> python benchmarks/attention_probe.py [--json OUT] [--only a,b]
+    PYTHONPATH=<the packages' src folders> python benchmarks/probes/attention_probe.py [--json OUT] [--only a,b]
 
 For every attention shape of the step (SigLIP2's, head dim 72, forward only; the frozen and trainable Qwen3
 layers', causal with padding; the DiT's self- and cross-attention) it times, 20 calls in one CUDA graph, the
@@ -18,11 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cuda_timing import cuda_graph_ms
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared helpers in benchmarks/
+from _cuda_timing import cuda_graph_ms  # noqa: E402
 
 # Tile sizes tried for our Triton kernels: (forward, backward) Blocks(m, n, warps, stages).
 TRITON_CONFIGS = [
