@@ -1,4 +1,5 @@
-"""DESIGN.md section 2: the three libraries stand alone, gr00t_model knows no training code."""
+"""docs/architecture.md, "The packages and their boundaries": the three libraries stand alone, gr00t_model knows
+no training code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`gr00t-train bench`: the ablation ladder of DESIGN.md section 5 in one process. Every row trains the same
+"""`gr00t-train bench`: the ablation ladder (docs/architecture.md, "The speed switches"; results in
+BENCHMARKS.md) in one process. Every row trains the same
 model on the same data and device for the same steps; only the switches differ. Rows are cumulative."""
 
 from __future__ import annotations
