@@ -18,9 +18,9 @@ IN, OUT = 8, 4
 class TinyRegressor(nn.Module):
     """Two linear layers with dropout, so both the weights and the random streams matter."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropout: float = 0.1) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(IN, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, OUT))
+        self.net = nn.Sequential(nn.Linear(IN, 32), nn.GELU(), nn.Dropout(dropout), nn.Linear(32, OUT))
         self.frozen = nn.Linear(OUT, OUT)  # frozen parameters are left alone by the optimizer
         self.frozen.requires_grad_(False)
 
@@ -68,6 +68,88 @@ class SyntheticSource:
         self.closed = True
 
 
+class Samples:
+    """A regression dataset for vla_io.Pipeline: sample i's input is drawn from a generator seeded by i."""
+
+    def __init__(self, n: int = 96) -> None:
+        g = torch.Generator().manual_seed(1234)
+        true_w = torch.randn(IN, OUT, generator=g)
+        self.x = torch.stack([torch.randn(IN, generator=torch.Generator().manual_seed(i)) for i in range(n)])
+        self.y = self.x @ true_w
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "x": self.x[i],
+            "y": self.y[i],
+            "index": torch.tensor(i),
+            "episode_index": torch.tensor(i // 2),
+        }
+
+
+class PipelineSource:
+    """vla_io.Pipeline over `Samples` in the training thread, epochs chained: the data position is a place in
+    the epoch's global order, so a resume at another world size continues it."""
+
+    def __init__(self, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        import vla_io
+
+        self.pipeline = vla_io.Pipeline(
+            Samples(), batch_size, synchronous=True, device="cpu", seed=seed, rank=rank, world_size=world_size
+        )
+        self._iter = None
+        self.seen: list[list[int]] = []
+        """The sample indices of every batch delivered, in order."""
+
+    def __next__(self) -> dict:
+        while True:
+            if self._iter is None:
+                self._iter = iter(self.pipeline)
+            try:
+                batch = next(self._iter)
+                break
+            except StopIteration:
+                self._iter = None
+        self.seen.append(batch["index"].tolist())
+        return batch
+
+    def state_dict(self) -> dict:
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pipeline.load_state_dict(state)
+        self._iter = None
+
+    def timings(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+
+def seeded_mse(module: nn.Module, batch: dict) -> torch.Tensor:
+    """Regression loss with target noise drawn from each sample's seed: the same whatever rank loads it."""
+    noise = torch.stack(
+        [torch.randn(OUT, generator=torch.Generator().manual_seed(int(s))) for s in batch["sample_seed"]]
+    )
+    return nn.functional.mse_loss(module(batch["x"]), batch["y"] + 0.01 * noise)
+
+
+def make_elastic_parts(batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
+    """Stand-ins whose step depends on the samples only, not on the rank that loads them (no dropout, noise
+    from sample seeds): runs at different world sizes with the same global batch agree up to rounding."""
+    torch.manual_seed(seed)
+    return gr00t_train.TrainParts(
+        model=TinyRegressor(dropout=0.0),
+        loss_fn=seeded_mse,
+        data=PipelineSource(batch_size, seed, rank, world_size),
+        save_model=save_weights,
+        load_model=load_weights,
+    )
+
+
 def save_weights(module: nn.Module, folder: Path) -> None:
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(folder / "model.safetensors"))
 
@@ -102,6 +184,18 @@ def small_config(tmp: Path, **overrides) -> gr00t_train.TrainConfig:
     )
     pairs = [f"{k.replace('__', '.')}={v}" for k, v in overrides.items()]
     return gr00t_train.apply_overrides(cfg, pairs)
+
+
+def elastic_config(tmp: Path, name: str, batch: int, resume: str | None, steps: int = 9, **sets):
+    """The elastic-resume tests' runs: ZeRO-1, a checkpoint every 3 steps, a metrics line per step; a resume
+    may change data.batch_size (to keep the global batch at another world size)."""
+    overrides = dict(
+        steps=steps, checkpoint__every=3, checkpoint__keep_last=5, logging__every=1, data__batch_size=batch,
+        optimizations__comm="zero1_overlap", output_dir=str(tmp / name), **sets,
+    )  # fmt: skip
+    if resume:
+        overrides |= dict(checkpoint__resume=resume, checkpoint__resume_changed="data.batch_size")
+    return small_config(tmp, **overrides)
 
 
 def slow_save(module: nn.Module, folder: Path) -> None:

@@ -102,8 +102,7 @@ class Checkpointer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
             self.barrier()
-            rank_file = f"rank{self.rank:05d}.pt"
-            _torch_save(rank_state, tmp / rank_file)
+            _torch_save(rank_state, tmp / rank_file_name(self.rank))
             if self.rank == 0:
                 _torch_save(optimizer_state, tmp / "optimizer.pt")
                 write_model(tmp)
@@ -220,23 +219,42 @@ class Checkpointer:
             skipped.append(f"skipped checkpoint {path}: {reason}")
         return None, skipped
 
-    def load(self, path: str | Path) -> LoadedCheckpoint:
-        """Read this rank's part of a checkpoint."""
+    def load(self, path: str | Path, own_rank_state: bool = True) -> LoadedCheckpoint:
+        """Read this rank's part of a checkpoint (without its rank file when `own_rank_state` is False: a
+        resume at another world size reads the ranks' files with `rank_state`)."""
         path = Path(path)
         state_file = path / TRAINER_STATE
         if not state_file.is_file():
             raise FileNotFoundError(f"{path} is not a complete checkpoint: {TRAINER_STATE} is missing")
         trainer_state = json.loads(state_file.read_text())
         saved_world = trainer_state.get("world_size", 1)
-        rank_file = path / f"rank{self.rank:05d}.pt"
-        if not rank_file.is_file():
-            raise FileNotFoundError(
-                f"{rank_file} is missing: the checkpoint was written by {saved_world} processes, "
-                f"this is rank {self.rank}"
-            )
+        rank_state: dict[str, Any] = {}
+        if own_rank_state:
+            rank_state = self.rank_state(path, self.rank)
+            if rank_state is None:
+                raise FileNotFoundError(
+                    f"{path / rank_file_name(self.rank)} is missing: the checkpoint was written by "
+                    f"{saved_world} processes, this is rank {self.rank}"
+                )
         optim_file = path / "optimizer.pt"
         optimizer_state = _torch_load(optim_file) if optim_file.is_file() else None
-        return LoadedCheckpoint(path, trainer_state, optimizer_state, _torch_load(rank_file))
+        return LoadedCheckpoint(path, trainer_state, optimizer_state, rank_state)
+
+    def rank_state(self, path: str | Path, rank: int) -> dict[str, Any] | None:
+        """What rank `rank` saved (random streams, data position), or None when the checkpoint has no file
+        of that rank (it was written by fewer processes)."""
+        file = Path(path) / rank_file_name(rank)
+        return _torch_load(file) if file.is_file() else None
+
+
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's trainer_state.json (step, samples seen, world size, global batch, schedule)."""
+    return json.loads((Path(path) / TRAINER_STATE).read_text())
+
+
+def rank_file_name(rank: int) -> str:
+    """The file of one rank's random streams and data position."""
+    return f"rank{rank:05d}.pt"
 
 
 def checkpoint_run_id(path: Path) -> str | None:

@@ -1,10 +1,11 @@
 """Whether a checkpoint can be resumed by this run, decided before the model is built (exit 2 otherwise).
 
-A resume continues the checkpoint's run exactly: the same world size, the same settings of everything that
-decides what the run computes (`_resume_changes`: data, model and trainable set, optimizer and schedule,
+A resume continues the checkpoint's run exactly: the same settings of everything that decides what the run
+computes (`_resume_changes`: data, model and trainable set, optimizer and schedule,
 numerics; `--resume-changed KEY` allows a named change, which is recorded), the same dataset (its
 fingerprint, even at the same path), the same optimizer-state form, and checkpoint files that unpickle as
-plain tensors. Every refusal says how to continue instead: the checkpoint's values, or a new run from its
+plain tensors. Another world size is allowed (`_resize`: the global batch changes, which a warning names and
+the run records). Every refusal says how to continue instead: the checkpoint's values, or a new run from its
 weights with a command that works as written."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ._dataset_fingerprint import differences, fingerprint, meta_digest, read_fi
 from ._distributed import device_type
 from ._errors import ConfigError
 from ._gr00t import merges_dit_linears
+from ._resize import check_resize
 from ._resume_changes import Change, config_changes, unknown_keys
 from ._schedule import CosineSchedule
 
@@ -43,13 +45,6 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> list[Chan
     state = json.loads((path / TRAINER_STATE).read_text())
     saved = _saved_config(path)
     fresh = fresh_run_advice(path, cfg)
-    saved_world = int(state.get("world_size", 1))
-    if saved_world != world_size:
-        raise ConfigError(
-            "checkpoint.resume",
-            f"{path} was written by {saved_world} process(es); this run has {world_size}. Resuming continues "
-            f"the exact data order and random streams of every rank, so the process count must match. {fresh}",
-        )
     allowed = cfg.checkpoint.resume_changed or []
     unknown = unknown_keys(allowed)
     if unknown:
@@ -60,6 +55,9 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> list[Chan
     _check_schedule(path, cfg, state, changes, fresh)
     _check_same_dataset(path, cfg, state, fresh)
     _check_loadable(path, fresh)
+    if int(state.get("world_size", 1)) != world_size:  # after the refusals: a refused run warns of nothing
+        global_batch = cfg.data.batch_size * cfg.optim.grad_accum * world_size
+        check_resize(path, state, saved, cfg.optimizations.data, global_batch, world_size, fresh)
     _warn_other_cpu_threads(path, state.get("cpu_threads"))
     for change in changes:
         if change.kind == "trajectory":

@@ -3,7 +3,8 @@
 A checkpoint (written atomically by `Checkpointer`, `_checkpoint.py`) holds the model as `TrainParts.save_model`
 writes it, the optimizer state (vla_overlap's ZeRO-1 state is gathered, full size), the trainer state (step,
 samples seen, world size, global batch, lr schedule), the resolved config, and per rank the random streams
-and the data source's position: a resumed run continues the exact trajectory."""
+and the data source's position: a resumed run continues the exact trajectory (at another world size, the
+data order and the schedule continue and the global batch changes: `_resize.py`)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from pathlib import Path
 import torch
 
 from ..__about__ import __version__
-from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer
+from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state
 from .._config import TrainConfig
 from .._config_io import config_to_dict, read_config_file
 from .._dataset_fingerprint import fingerprint, meta_digest, write_fingerprint
 from .._distributed import DistEnv
 from .._errors import CheckpointError
 from .._parts import TrainParts
+from .._resize import resize_records, resized_data_state, stream_seed
 from .._resume_changes import as_records, config_changes
-from .._rng import rng_state, set_rng_state
+from .._rng import rng_state, seed_everything, set_rng_state
 from .._run_checks import check_weights_finite
 from .._schedule import CosineSchedule
 from .data import DataComponent
@@ -92,8 +94,11 @@ class CheckpointComponent:
 
     def resume(self, path: Path) -> tuple[int, int]:
         """Load model, optimizer, random streams and data position from `path`; returns (step, samples
-        seen). claim_run chose `path` (the newest intact checkpoint) and checked world size and batch size."""
-        loaded = self.checkpointer.load(path)
+        seen). claim_run chose `path` (the newest intact checkpoint) and checked it fits this run; at another
+        world size the ranks' states are shared out again (`_resize`)."""
+        saved_world = int(read_trainer_state(path).get("world_size", 1))
+        resized = saved_world != self.env.world_size
+        loaded = self.checkpointer.load(path, own_rank_state=not resized)
         state = loaded.trainer_state
         try:
             self.parts.load_model(self.parts.model, path)
@@ -105,18 +110,46 @@ class CheckpointComponent:
             total = int(state["schedule"]["total_steps"])
             self.model.schedule = CosineSchedule.from_config(self.cfg.optim, total)
         self._record_changes(path, state)
-        set_rng_state(loaded.rank_state["rng"], self.env.device)
-        self.data.load_state_dict(loaded.rank_state["data"])
         step = int(state["step"])
+        if resized:
+            rng, data = self._resized_rank_state(path, saved_world)
+        else:
+            rng, data = loaded.rank_state["rng"], loaded.rank_state["data"]
+        if rng is not None:
+            set_rng_state(rng, self.env.device)
+        else:  # a rank the checkpoint's run did not have
+            seed_everything(stream_seed(self.cfg.seed, self.env.rank, step))
+        self.data.load_state_dict(data)
         samples_seen = int(state.get("samples_seen", step * self.global_batch))
         log.info("resumed from %s at step %d", path, step)
         return step, samples_seen
 
+    def _resized_rank_state(self, path: Path, saved_world: int) -> tuple[dict | None, dict]:
+        """(random state or None, data position) of this rank at a world size other than the checkpoint's:
+        its own streams if the checkpoint's run had this rank, and the ranks' shared data position."""
+        ranks = range(saved_world) if self.env.is_main else range(1)  # rank 0 sums the skipped samples
+        states = [self.checkpointer.rank_state(path, r) for r in ranks]
+        missing = [r for r, s in zip(ranks, states) if s is None]
+        if missing:
+            raise CheckpointError(
+                f"{path}: rank{missing[0]:05d}.pt is missing ({saved_world} ranks wrote it)"
+            )
+        data = resized_data_state([s["data"] for s in states], self.env.rank, path)
+        rank = self.env.rank
+        own = states[rank] if rank < len(states) else None
+        if own is None and len(states) <= rank < saved_world:
+            own = self.checkpointer.rank_state(path, rank)
+        return (own["rng"] if own is not None else None), data
+
     def _record_changes(self, path: Path, state: dict) -> None:
-        """The settings this resume changes by --resume-changed, after those of earlier resumes: kept in
-        every later checkpoint and in summary.json (TrainParts.facts)."""
+        """The settings this resume changes by --resume-changed (and the world size, when it changes), after
+        those of earlier resumes: kept in every later checkpoint and in summary.json (TrainParts.facts)."""
         saved = read_config_file(path / TRAIN_CONFIG)
         changed = [c for c in config_changes(saved, self.cfg, self.env.device) if c.kind == "trajectory"]
-        self.resume_changes = list(state.get("resume_changes", [])) + as_records(changed, int(state["step"]))
+        self.resume_changes = (
+            list(state.get("resume_changes", []))
+            + as_records(changed, int(state["step"]))
+            + resize_records(state, self.env.world_size, self.global_batch)
+        )
         if self.resume_changes:
             self.parts.facts["resume_changes"] = self.resume_changes
