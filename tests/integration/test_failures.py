@@ -19,6 +19,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 import vla_io
 from _torchrun import torchrun
 from gr00t_train.cli import main
@@ -182,7 +183,8 @@ def test_kill_during_save_keeps_the_previous_checkpoint(
 @pytest.mark.timeout(300)
 def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
     out = tmp_path / "run"
-    argv = train_args(dataset, out, "steps=3", "checkpoint.every=3", "optimizations.comm=overlap")
+    sets = ("checkpoint.every=3", "optimizations.comm=overlap", "optim.min_lr_ratio=0.1")
+    argv = train_args(dataset, out, "steps=3", *sets)
     code, output = torchrun("-m", "gr00t_train", *argv)
     assert code == 0, output[-5000:]
     assert sorted(losses(out)) == [1, 2, 3]
@@ -198,6 +200,15 @@ def test_two_processes_with_gloo(dataset, tmp_path, train_args, losses) -> None:
         if re.match(r"\d\d:\d\d:\d\d (INFO|WARN|ERROR)", line)
     ]
     assert logged and not [line for line, n in collections.Counter(logged).items() if n > 1]
+    # The two ranks' checkpoint continues on one process (the data order where both stopped, the schedule).
+    argv = train_args(dataset, out, "steps=5", *sets)
+    assert main([*argv, "--resume", "--resume-changed", "steps"]) == 0
+    assert sorted(losses(out)) == [1, 2, 3, 4, 5]
+    state = json.loads((out / "checkpoints" / "step_000005" / "trainer_state.json").read_text())
+    assert state["world_size"] == 1 and state["samples_seen"] == 3 * 8 + 2 * 4
+    assert (
+        torch.load(out / "checkpoints" / "step_000005" / "rank00000.pt")["data"]["consumed"] == 3 * 8 + 2 * 4
+    )
 
 
 def test_other_ranks_leave_shared_errors_to_rank_0(tmp_path, train_args, capsys, monkeypatch) -> None:
