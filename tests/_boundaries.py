@@ -1,4 +1,5 @@
-"""The package boundary rule of DESIGN.md section 2, as data and a checker shared by tests."""
+"""The package boundary rule (docs/architecture.md, "The packages and their boundaries"), as data and a checker shared
+by tests."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 
 Why our own kernels: every attention of n1.6-3b is short (SigLIP2 324 keys with head dim 72, Qwen3 204 causal,
 the DiT 51 queries over 51 or 204 keys with head dim 48), where SDPA's kernels run far below the GPU's rate
-(BENCHMARKS.md, ninth and twelfth passes). Ours split a head dim that is not a power of two into two tiles
+(BENCHMARKS.md, levers tried). Ours split a head dim that is not a power of two into two tiles
 instead of padding it, read q/k/v in the projections' own [B, S, H, D] layout (no transposes) and index a
 shared key/value head directly (no repeated copies).
 """

@@ -44,7 +44,7 @@ def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
     """In SDPA's layout (q [B, H, Lq, D], k [B, Hkv, Lk, D]): the shapes the kernels take. Half-precision inputs,
     whole query groups, and a head dim that two column tiles cover exactly (16-256: 48 = 32 + 16, 64, 80, 96,
     128, ...). Where a tile's columns were partly masked (72 as 64 + 16), the forward computed wrong results
-    under Triton 3.6 on an H200 (BENCHMARKS.md, twelfth pass), so such head dims go to SDPA."""
+    under Triton 3.6 on an H200 (BENCHMARKS.md, levers tried), so such head dims go to SDPA."""
     d = q.shape[-1]
     return (
         16 <= d <= 256

@@ -131,7 +131,7 @@ class GR00TConfig:
     """The DiT's linears that read one input as one GEMM each: every block's AdaLN projection with proj_out_1
     (all read silu(temb)), and each self-attention block's q, k and v (`_merged_linear`). The same products;
     state dicts and checkpoints keep the release's names. Faster where small GEMMs leave the GPU idle
-    (BENCHMARKS.md, fifteenth pass)."""
+    (BENCHMARKS.md, levers tried)."""
 
     triton_attention: bool = False
     """On CUDA, the DiT's self- and cross-attention through our Triton flash kernels (`_attention`) instead of

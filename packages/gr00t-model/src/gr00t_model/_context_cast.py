@@ -3,7 +3,7 @@
 Under autocast each cross block's k and v projections cast the fp32 context to bf16 themselves: 16 casts of
 [B, S, 2048] per step, and in the backward each block widens and sums its two input gradients to fp32 and
 autograd adds that into the running sum over blocks (32.5 us per cross block of n1.6-3b on an H200,
-BENCHMARKS.md, thirteenth pass). Here the context is cast once; each projection gets its own view of the copy,
+BENCHMARKS.md, levers tried). Here the context is cast once; each projection gets its own view of the copy,
 so its gradient reaches `ContextCast.backward` separately, where one pass (one fused kernel once compiled)
 widens and sums all of them in fp32 in the order the compiled blocks and autograd did: each block's k + v,
 then from the last block back to the first.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 CAST_ONCE = True
-"""+2 samples/s for n1.6-3b on an H200 (BENCHMARKS.md, fourteenth pass; off: the step-variant row
+"""+2 samples/s for n1.6-3b on an H200 (BENCHMARKS.md, levers tried; off: the step-variant row
 `ours-full-cast-context-per-block`)."""
 
 

@@ -22,7 +22,7 @@ from ._merged_linear import merge_linears
 
 # The self-attention blocks (51 tokens, head dim 48, no mask) run fastest on SDPA's memory-efficient kernel on
 # an H200: 0.031 ms forward + backward per block against 0.042 for cuDNN, SDPA's own pick there
-# (benchmarks/attention_probe.py), and without the memset cuDNN puts before each call. The cross-attention
+# (benchmarks/probes/attention_probe.py), and without the memset cuDNN puts before each call. The cross-attention
 # (a key mask) keeps SDPA's pick, cuDNN, which is fastest for it.
 SELF_ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

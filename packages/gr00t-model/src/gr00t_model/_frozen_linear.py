@@ -7,7 +7,7 @@ A frozen `nn.Linear` reads the same weight every step, so what its GEMM reads ca
   onto it (a 24 MB copy per layer at batch 16, two cameras). With the up-projection's outputs and the
   down-projection's inputs padded with zeros to 4352, both GEMMs take fused-bias kernels and the activation
   between (gelu(0) = 0) carries zeros: the same result, bit for bit on an H200, 1.9 ms less per step
-  (benchmarks/frozen_probe.py).
+  (benchmarks/probes/frozen_probe.py).
 - GELU in the GEMM. SigLIP2's up-projection is followed by tanh-approximated GELU, a separate pass over its
   10368x4352 bf16 output per layer. cuBLASLt applies GELU (tanh) in the GEMM's epilogue instead
   (`torch._addmm_activation`, which Inductor calls as is): the pass disappears (0.196 -> 0.159 ms per

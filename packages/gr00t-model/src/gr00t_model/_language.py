@@ -3,7 +3,7 @@
 Layers are transformers' `Qwen3DecoderLayer` with our forward (`language_layer_class`, the same parameters and
 the same ops): it leaves the block-final residual add to the next layer, where it fuses with the first RMSNorm
 when blocks are compiled one at a time (as SigLIP2's layers do). Merging a frozen layer's q/k/v and gate/up
-projections into one GEMM each was tried and was slower on an H200 (BENCHMARKS.md, eleventh pass). The loop,
+projections into one GEMM each was tried and was slower on an H200 (BENCHMARKS.md, levers tried). The loop,
 the rotary tables and the mask are ours, built from tensor ops only (no host reads), so a step can be captured
 in a CUDA graph.
 """

@@ -20,7 +20,7 @@ BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodimen
 INDUCTOR_OPTIONS = {
     # Reductions up to 16x longer than Inductor's default (1024 elements per row) get a persistent variant
     # too, and the faster one is kept (timed once, on first run). SigLIP2's LayerNorms over 1152 channels
-    # otherwise run looped at about 1 TB/s: +2.3% samples/s on an H200 (BENCHMARKS.md, seventh pass).
+    # otherwise run looped at about 1 TB/s: +2.3% samples/s on an H200 (BENCHMARKS.md, levers tried).
     "triton.multi_kernel": 1,
     # torch 2.11 cannot load a multi-kernel graph back from Inductor's FX graph cache (the kernels' hash
     # lock is dropped for pickling; MultiKernelCall reads it first), so a second process crashed at its

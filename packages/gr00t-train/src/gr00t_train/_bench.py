@@ -113,7 +113,7 @@ def run_ladder(
     selected = [i for i in range(len(configs)) if rows is None or i in rows]
     if selected:
         # torch 2.11 reads cuBLAS's workspace size once per process: the last row's choice then holds for
-        # every row (no workspace: the same or faster kernels than the default's, BENCHMARKS.md tenth pass).
+        # every row (no workspace: the same or faster kernels than the default's, BENCHMARKS.md, levers tried).
         # Torch with a runtime setter gives each row its own.
         request_zero_gemm_workspace(configs[selected[-1]][1])
     env = init_distributed(base.device)

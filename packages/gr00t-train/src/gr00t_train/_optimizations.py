@@ -83,13 +83,13 @@ class OptimizationsConfig(Section):
     param_remainders: bool = True
     """Where the flat optimizer steps bf16 weights (bf16_weights, on CUDA): keep each fp32 master weight as its
     bf16 weight plus a 16-bit remainder while stepping (vla-overlap's `remainders`), so the update moves 26
-    instead of 28 bytes per parameter: +1.7 samples/s for n1.6-3b on an H200 (BENCHMARKS.md, twelfth pass).
+    instead of 28 bytes per parameter: +1.7 samples/s for n1.6-3b on an H200 (BENCHMARKS.md, levers tried).
     A master at an exact rounding tie moves one fp32 ulp (about one element in 65536 per step); the bf16
     weight stays autocast's rounding of the master, and checkpoints hold fp32 masters. The remainders take 2
     bytes per trainable parameter of memory (the fp32 masters stay allocated for checkpoints)."""
     triton_attention: Literal["auto", "on", "off"] = "auto"
     """The DiT's attention through gr00t-model's Triton flash kernels (GR00TConfig.triton_attention) instead of
-    SDPA's (BENCHMARKS.md, twelfth pass). auto = on with CUDA; elsewhere SDPA runs either way."""
+    SDPA's (BENCHMARKS.md, levers tried). auto = on with CUDA; elsewhere SDPA runs either way."""
     weight_grads_in_place: bool = True
     """Where the gradient buffers hold the weights' own dtype (bf16 weights with the flat step, one microbatch,
     one rank), each trainable nn.Linear's weight-gradient GEMM writes its buffer directly instead of a new

@@ -48,7 +48,7 @@ def tag_samples(batch: dict[str, Any]) -> SampleTags:
 def _nonfinite_rows(rows: torch.Tensor) -> torch.Tensor:
     """Per row, whether it holds NaN/inf: its largest |value| is finite exactly when every value is (the max
     reduction propagates NaN). One reduction per tensor; `isfinite(...).all()` took four kernels per tensor, about
-    0.35 ms of every n1.6-3b step on an H200 (BENCHMARKS.md, fourteenth pass)."""
+    0.35 ms of every n1.6-3b step on an H200 (BENCHMARKS.md, levers tried)."""
     return ~torch.isfinite(torch.linalg.vector_norm(rows, float("inf"), dim=1))
 
 
