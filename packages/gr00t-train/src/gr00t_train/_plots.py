@@ -33,8 +33,7 @@ def write_plots(
     ax.plot(steps, [r.loss for r in records], lw=1, label="loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    if all(r.loss > 0 for r in records):
-        ax.set_yscale("log")
+    _scale(ax, [r.loss for r in records])
     ax.grid(alpha=0.3)
     lr_ax = ax.twinx()
     lr_ax.plot(steps, [r.lr for r in records], color="tab:orange", lw=1, alpha=0.6, label="lr")
@@ -76,9 +75,7 @@ def _validation_panel(ax, validation: list[dict[str, Any]]) -> None:
     ax.plot(steps, [v["mse"] for v in validation], "o-", ms=3, lw=1.2, label="validation MSE (model)")
     ax.plot(steps, [v["baseline"] for v in validation], "s--", ms=3, lw=1, color="tab:gray",
             label="predicting the mean action")  # fmt: skip
-    values = [x for v in validation for x in (v["mse"], v["baseline"])]
-    if all(x > 0 for x in values):
-        ax.set_yscale("log")
+    _scale(ax, [x for v in validation for x in (v["mse"], v["baseline"])])
     ax.set_xlabel("step")
     ax.set_ylabel("action MSE (normalized)")
     last = validation[-1]
@@ -87,3 +84,17 @@ def _validation_panel(ax, validation: list[dict[str, Any]]) -> None:
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
+
+
+def _scale(ax, values: list[float]) -> None:
+    """A log axis where the values span more than a decade (every tick labelled in plain numbers), else
+    linear: a log axis over a narrow range shows one or two labels."""
+    import matplotlib.ticker as ticker
+
+    finite = [v for v in values if v == v and abs(v) != float("inf")]
+    if not finite or min(finite) <= 0 or max(finite) / min(finite) < 10:
+        return
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
