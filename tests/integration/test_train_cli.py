@@ -9,6 +9,7 @@ import json
 import gr00t_model
 import pytest
 import torch
+from gr00t_train._restore import load_pretrained
 from gr00t_train.cli import main
 
 
@@ -20,8 +21,12 @@ def test_train_checkpoint_and_bit_exact_resume(dataset, tmp_path, train_args, lo
     assert sorted(reference) == [1, 2, 3, 4, 5, 6] and all(0 < v < 10 for v in reference.values())
     step3 = out / "checkpoints" / "step_000003"
     final = out / "checkpoints" / "step_000006"
-    model = gr00t_model.from_pretrained(final)  # the checkpoint is a gr00t_model checkpoint
+    # the checkpoint holds the frozen weights (random start: no base) and ZeRO-1's fp32 masters, not the
+    # trainable weights: `export` writes the complete model, which gr00t_model loads alone
+    assert main(["export", str(final), str(tmp_path / "export")]) == 0
+    model = gr00t_model.from_pretrained(tmp_path / "export")
     assert model.config.action_horizon == 16
+    assert (tmp_path / "export" / "dataset_meta" / "stats.json").is_file()
     assert json.loads((final / "train_config.json").read_text())["data"]["dataset"] == str(dataset)
     assert (final / "dataset_meta" / "stats.json").is_file()
 
@@ -31,7 +36,8 @@ def test_train_checkpoint_and_bit_exact_resume(dataset, tmp_path, train_args, lo
     assert losses(out) == reference
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5, 6]  # each step once: the resumed run's
-    resumed = gr00t_model.from_pretrained(final)
+    resumed, report = load_pretrained(final)
+    assert report.missing == []
     for a, b in zip(model.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
 

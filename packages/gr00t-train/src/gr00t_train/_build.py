@@ -57,6 +57,7 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     save = lambda module, folder: save_dataset_meta(module, folder, data)  # noqa: E731
     parts = model_parts(cfg, env, model, source, save, flops, tokens)
     parts.validation = _validation.load_held_out(cfg, env, data, processor, model)
+    parts.base = _gr00t.base_weights(model)
     parts.facts = {**facts, "validation_split": split.facts()}
     return parts
 

@@ -4,7 +4,9 @@ run that wrote them (each run has an id, recorded in its checkpoints; other runs
 A manifest of sizes and hashes lets a resume skip a damaged checkpoint for the newest intact one.
 
 Layout of `<dir>/step_000100/`:
-    model files          written by the model's own saver (gr00t_model: config.json + model.safetensors)
+    model files          written by the model's own saver (gr00t_model: config.json + model.safetensors),
+                         only the tensors neither the base nor the optimizer state holds
+    weights.json         where the other tensors come from (`_weights.py`)
     train_config.json    the resolved training config
     trainer_state.json   step, samples seen, world size, lr schedule, metrics
     optimizer.pt         optimizer state (rank 0; vla_overlap's ZeRO-1 state_dict is gathered, full size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +16,12 @@ from gr00t_model import GR00TN16, GR00TConfig
 from ._config import TrainConfig
 from ._errors import ConfigError
 from ._optimizations import resolve_optimizations
+from ._restore import BaseError, load_pretrained
+from ._weights import BaseWeights
 
 log = logging.getLogger(__name__)
+_BASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""What build_model loaded each model from (`base_weights`)."""
 
 _PRECISION = {
     "bf16": {"compute_dtype": "bfloat16", "frozen_dtype": "bfloat16", "trainable_dtype": "float32"},
@@ -129,9 +134,15 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
                 "starting from model.checkpoint needs the tokenizer those weights were trained with "
                 "(a local Hugging Face tokenizer directory, e.g. the release's Qwen3 tokenizer)",
             )
-        return _prepare_frozen(
-            cfg, gr00t_model.from_pretrained(cfg.model.checkpoint, device=device, **overrides), device
+        try:  # a release, a save_pretrained folder or one of our checkpoints (its base resolved)
+            model, report = load_pretrained(cfg.model.checkpoint, device=device, **overrides)
+        except BaseError as err:
+            raise ConfigError("model.checkpoint", str(err)) from None
+        model = _prepare_frozen(cfg, model, device)
+        _BASES[model] = BaseWeights(
+            Path(cfg.model.checkpoint), frozenset(model.state_dict()) - set(report.missing)
         )
+        return model
     try:
         config = GR00TConfig.preset(cfg.model.preset, **overrides)
     except ValueError as err:
@@ -145,6 +156,12 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
     with torch.device(device):
         model = GR00TN16(config)
     return _prepare_frozen(cfg, model.train(), device)
+
+
+def base_weights(model: GR00TN16) -> BaseWeights | None:
+    """The folder `build_model` loaded `model` from and the state-dict keys it provided (None: random weights):
+    checkpoints record it rather than write those frozen tensors again."""
+    return _BASES.get(model)
 
 
 def _prepare_frozen(cfg: TrainConfig, model: GR00TN16, device: torch.device) -> GR00TN16:

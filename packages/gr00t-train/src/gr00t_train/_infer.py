@@ -19,6 +19,9 @@ from ._config import TrainConfig
 from ._config_io import config_from_dict, read_config_file
 from ._distributed import resolve_device
 from ._errors import DataError
+from ._export import is_export
+from ._manifest import check_manifest
+from ._restore import BaseError, load_pretrained
 from ._validation import ActionErrors, action_columns, mean_action
 
 log = logging.getLogger(__name__)
@@ -74,10 +77,11 @@ class EvalReport:
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, or the newest checkpoint inside a checkpoints folder."""
+    """A checkpoint folder (or an exported one), or the newest checkpoint inside a checkpoints folder."""
     path = Path(path)
     if (path / TRAIN_CONFIG).is_file() or _STEP_DIR.match(path.name):
-        reason = verify_checkpoint(path)  # a damaged folder stops here, naming the file, not in a loader
+        # a damaged folder stops here, naming the file, not in a loader (an export has no trainer state)
+        reason = check_manifest(path) if is_export(path) else verify_checkpoint(path)
         if reason is not None:
             raise DataError(f"--checkpoint: {path} cannot be used: {reason}")
         return path
@@ -109,8 +113,10 @@ def evaluate(
     cfg = config_from_dict(TrainConfig, read_config_file(folder / TRAIN_CONFIG))
     cfg.data.dataset = str(dataset)
     dev = resolve_device(device)
-    try:
-        model = gr00t_model.from_pretrained(folder, device=dev).eval()
+    try:  # a checkpoint's base and optimizer masters resolved (`_restore.py`)
+        model = load_pretrained(folder, device=dev)[0].eval()
+    except BaseError as err:
+        raise DataError(f"--checkpoint: {err}") from None
     except Exception as err:  # loaders rarely name the folder
         raise DataError(
             f"--checkpoint: cannot load the model of {folder}: {type(err).__name__}: {err}"

@@ -13,6 +13,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from ._validation import HeldOut
+    from ._weights import BaseWeights
 
 Batch = dict[str, Any]
 """A training batch: tensors on the training device, plus `episode_index` for error messages."""
@@ -82,6 +83,10 @@ class TrainParts:
     validation: HeldOut | None = None
     """The held-out samples and how the model predicts them, scored every `eval.every` steps and after the
     last (`_components/validation.py`); None = no validation."""
+    base: BaseWeights | None = None
+    """Where the model's frozen weights were loaded from (model.checkpoint) and which state-dict keys that
+    folder provided: checkpoints record it by path and hash instead of writing those tensors (`_weights.py`).
+    None: checkpoints write the frozen tensors."""
     facts: dict[str, Any] = field(default_factory=dict)
     """What the run's report (summary.json) states about where the run started: initial weights, tokenizer,
     and the warnings given at start-up (`warnings`: a list of lines)."""

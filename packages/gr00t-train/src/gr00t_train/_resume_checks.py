@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ._base import find_base
 from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, unreadable
 from ._config import TrainConfig
 from ._dataset_fingerprint import differences, fingerprint, meta_digest, read_fingerprint
@@ -26,6 +27,7 @@ from ._gr00t import merges_dit_linears
 from ._resize import check_resize
 from ._resume_changes import Change, config_changes, unknown_keys
 from ._schedule import CosineSchedule
+from ._weights import read_record
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ def check_compatible(path: Path, cfg: TrainConfig, world_size: int) -> list[Chan
     _check_schedule(path, cfg, state, changes, fresh)
     _check_same_dataset(path, cfg, state, fresh)
     _check_loadable(path, fresh)
+    _check_base(path, cfg)
     if int(state.get("world_size", 1)) != world_size:  # after the refusals: a refused run warns of nothing
         global_batch = cfg.data.batch_size * cfg.optim.grad_accum * world_size
         check_resize(path, state, saved, cfg.optimizations.data, global_batch, world_size, fresh)
@@ -165,6 +168,39 @@ def _check_same_layout(path: Path, cfg: TrainConfig, fresh: str) -> None:
             "them, and the optimizer state fits only the form it was saved from. Resume with --set "
             f"optimizations.merged_dit_linears={'on' if saved else 'off'}. {fresh}",
         )
+
+
+def _check_base(path: Path, cfg: TrainConfig) -> None:
+    """A checkpoint that records a base (`_weights.py`) holds only what training changed: the run must build
+    its model from that base, unchanged (model.checkpoint, at the recorded path or moved)."""
+    try:
+        record = read_record(path)
+    except ValueError as err:
+        raise ConfigError("checkpoint.resume", f"{err}; resume from another checkpoint") from None
+    base = (record or {}).get("base")
+    if base is None:
+        return
+    recorded = base["path"]
+    if not cfg.model.checkpoint:
+        raise ConfigError(
+            "model.checkpoint",
+            f"is not set, but {path} holds only what training changed: its frozen weights are those of its "
+            f"base {recorded} (recorded by path and SHA-256). Resume with --set model.checkpoint={recorded}",
+        )
+    _, reason = find_base(base, cfg.model.checkpoint)
+    if reason is None:
+        return
+    intact = Path(cfg.model.checkpoint).resolve() != Path(recorded).resolve() and find_base(base)[1] is None
+    advice = (
+        f"The recorded base is intact: resume with --set model.checkpoint={recorded}"
+        if intact
+        else "Restore the base (or pass its new place with --set model.checkpoint=DIR)"
+    )
+    raise ConfigError(
+        "model.checkpoint",
+        f"{path}'s frozen weights are those of its base {recorded} (recorded by path and SHA-256), but "
+        f"{reason}. {advice}",
+    )
 
 
 def _check_loadable(path: Path, fresh: str) -> None:

@@ -1,4 +1,4 @@
-"""The `gr00t-train` command line: train, demo, infer, bench, config."""
+"""The `gr00t-train` command line: train, demo, infer, export, bench, config."""
 
 from __future__ import annotations
 
@@ -86,6 +86,16 @@ def _infer(args: argparse.Namespace) -> int:
     print(report.table())
     if args.json:
         Path(args.json).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ._export import export
+
+    out = export(args.checkpoint, args.out)
+    print(
+        f"exported {args.checkpoint} to {out} (loads with gr00t_model.from_pretrained; infer --checkpoint {out})"
+    )
     return 0
 
 
@@ -210,6 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     infer.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     infer.set_defaults(run=_infer)
+
+    export = commands.add_parser(
+        "export",
+        help="a checkpoint as a complete model folder (gr00t_model.from_pretrained loads it alone)",
+        description="Checkpoints hold only what training changed (frozen weights stay in the base the run "
+        "started from; trainable ones in the optimizer state). export rebuilds the whole model and writes it "
+        "with dataset_meta/ and train_config.json, for infer and for sharing.",
+    )
+    export.add_argument("checkpoint", help="a checkpoint folder (or a folder of them: the newest intact one)")
+    export.add_argument("out", help="the folder to write (must not exist, or be empty)")
+    export.set_defaults(run=_export)
 
     bench = commands.add_parser(
         "bench", help="the ablation ladder: baseline -> + async data -> + overlap -> ..."

@@ -1,20 +1,25 @@
 """The checkpoint component: what a checkpoint of a run holds, and how a run resumes from one.
 
-A checkpoint (written atomically by `Checkpointer`, `_checkpoint.py`) holds the model as `TrainParts.save_model`
-writes it, the optimizer state (vla_overlap's ZeRO-1 state is gathered, full size), the trainer state (step,
-samples seen, world size, global batch, lr schedule), the resolved config, and per rank the random streams
-and the data source's position: a resumed run continues the exact trajectory (at another world size, the
+A checkpoint (written atomically by `Checkpointer`, `_checkpoint.py`) holds the model's tensors that neither
+its base nor the optimizer state hold, as `TrainParts.save_model` writes them (`_weights.py`: weights.json
+says where the others come from), the optimizer state (vla_overlap's ZeRO-1 state is gathered, full size),
+the trainer state (step, samples seen, world size, global batch, lr schedule), the resolved config, and per
+rank the random streams and the data source's position: a resumed run continues the exact trajectory (at another world size, the
 data order and the schedule continue and the global batch changes: `_resize.py`)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import vla_overlap
 
 from ..__about__ import __version__
+from .._base import describe as describe_base
 from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state
 from .._config import TrainConfig
 from .._config_io import config_to_dict, read_config_file
@@ -27,6 +32,7 @@ from .._resume_changes import as_records, config_changes
 from .._rng import rng_state, seed_everything, set_rng_state
 from .._run_checks import check_weights_finite
 from .._schedule import CosineSchedule
+from .._weights import WEIGHTS, ModelView, elsewhere, plan_weights, read_record
 from .data import DataComponent
 from .model import ModelComponent
 
@@ -49,6 +55,8 @@ class CheckpointComponent:
         self.model, self.data, self.global_batch = model, data, global_batch
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint.keep_last, env.rank, env.barrier)
         self._dataset: dict | None = None
+        self._base: dict | None = None
+        """The base of the model's frozen weights as checkpoints record it (path and digests), hashed at start."""
         self.resume_changes: list[dict] = []
         """Settings changed at resumes with --resume-changed (this session's and earlier ones')."""
 
@@ -59,6 +67,14 @@ class CheckpointComponent:
         self.checkpointer.remove_partial()
         if self.cfg.data.dataset and self.env.is_main:
             self._dataset = fingerprint(self.cfg.data.dataset)
+        if self.parts.base is not None and self.env.is_main:
+            started = time.perf_counter()
+            self._base = describe_base(self.parts.base.path)
+            size = sum(entry["bytes"] for entry in self._base["files"].values())
+            log.info(
+                "checkpoints record the base %s (%d files, %.2f GB, hashed in %.1f s) instead of its frozen weights",
+                self.parts.base.path, len(self._base["files"]), size / 1e9, time.perf_counter() - started,
+            )  # fmt: skip
 
     def save(self, step: int, samples_seen: int) -> Path:
         """Write the checkpoint of `step` (after the update finished); refuses NaN/inf weights."""
@@ -78,15 +94,19 @@ class CheckpointComponent:
         if self.resume_changes:
             trainer_state["resume_changes"] = self.resume_changes
         rank_state = {"rng": rng_state(self.env.device), "data": self.data.state_dict()}
+        optimizer_state = self.model.optimizer.state_dict()  # a collective under ZeRO-1: every rank
 
         def write_model(folder: Path) -> None:
-            self.parts.save_model(self.parts.model, folder)
+            plan = plan_weights(self.parts.model, self.parts.base, optimizer_state)
+            state = self.parts.model.state_dict()
+            self.parts.save_model(ModelView(self.parts.model, {k: state[k] for k in plan.written}), folder)
+            (folder / WEIGHTS).write_text(json.dumps(plan.record(self._base), indent=1) + "\n")
             write_fingerprint(self._dataset, folder)
 
         return self.checkpointer.save(
             step,
             write_model=write_model,
-            optimizer_state=self.model.optimizer.state_dict(),
+            optimizer_state=optimizer_state,
             rank_state=rank_state,
             trainer_state=trainer_state,
             config=config_to_dict(self.cfg),
@@ -100,12 +120,22 @@ class CheckpointComponent:
         resized = saved_world != self.env.world_size
         loaded = self.checkpointer.load(path, own_rank_state=not resized)
         state = loaded.trainer_state
-        try:
-            self.parts.load_model(self.parts.model, path)
+        try:  # what the model files hold; the base's tensors were loaded when the model was built
+            record = read_record(path)
+            self.parts.load_model(ModelView(self.parts.model, elsewhere=elsewhere(record)), path)
         except Exception as err:  # loaders rarely name the file; say which checkpoint failed
             raise CheckpointError(f"cannot load the model of {path}: {type(err).__name__}: {err}") from err
         if loaded.optimizer_state is not None:
-            self.model.optimizer.load_state_dict(loaded.optimizer_state)
+            self.model.optimizer.load_state_dict(loaded.optimizer_state)  # ZeRO-1: parameters from masters
+        if (
+            record is not None
+            and record["from_optimizer"]["params"]
+            and not isinstance(self.model.optimizer, vla_overlap.DistributedAdamW)
+        ):
+            raise CheckpointError(
+                f"{path} keeps its trainable weights as the optimizer's fp32 masters, which only ZeRO-1's "
+                "optimizer sets the parameters from; resume with --set optimizations.comm=zero1_overlap"
+            )
         if "schedule" in state:  # a changed `steps` (--resume-changed) continues the recorded schedule
             total = int(state["schedule"]["total_steps"])
             self.model.schedule = CosineSchedule.from_config(self.cfg.optim, total)
