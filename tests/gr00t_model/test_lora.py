@@ -111,3 +111,22 @@ def test_a_frozen_linear_is_not_a_default_target() -> None:
         layer.requires_grad_(False)
     names = add_lora(model, rank=2, alpha=2)
     assert names and not any(n.startswith("backbone.") for n in names)
+
+
+def test_a_model_with_adapters_saves_and_loads_whole(batch, tmp_path) -> None:
+    from gr00t_model import from_pretrained, save_pretrained
+
+    model = _model()
+    add_lora(model, rank=4, alpha=8)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoRALinear):
+                module.lora_B.normal_(0, 0.05)
+    model.eval()
+    expected = _loss(model, batch).detach()
+    save_pretrained(model, tmp_path / "whole")
+    loaded = from_pretrained(tmp_path / "whole", strict=True).eval()
+    assert loaded.lora_config == model.lora_config
+    assert torch.equal(_loss(loaded, batch), expected)
+    with pytest.raises(ValueError, match="merge them first"):
+        save_pretrained(model, tmp_path / "official", layout="official")

@@ -70,11 +70,18 @@ def save_pretrained(
     if layout not in (FORMAT, "official"):
         raise ValueError(f"layout must be {FORMAT!r} or 'official', got {layout!r}")
     config: GR00TConfig = model.config
+    lora = getattr(model, "lora_config", None)
+    if lora is not None and layout == "official":
+        raise ValueError(
+            "the release's layout has no LoRA adapters: merge them first (gr00t_model.merge_lora)"
+        )
     meta = (  # first: a config the layout cannot describe fails before any file is written
         config_to_official(config)
         if layout == "official"
         else {"format": FORMAT, "format_version": 1, "config": config.to_dict()}
     )
+    if lora is not None:  # from_pretrained puts the same adapters on before loading their tensors
+        meta["lora"] = lora
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     rename = to_official_name if layout == "official" else (lambda n: n)
@@ -114,6 +121,7 @@ def from_pretrained(
     change single fields afterwards (e.g. tune_top_llm_layers=0). Missing and unexpected keys are logged;
     strict=True raises on either. Returns the model, or (model, LoadReport) with return_report=True.
     """
+    from ._lora import add_lora
     from ._model import GR00TN16
 
     root = Path(path)
@@ -137,19 +145,27 @@ def from_pretrained(
             report.ignored.append(name)
         else:
             mapped[ours] = (name, file)
-    with torch.device("meta"):
-        expected = dict(GR00TN16(cfg).state_dict())
+    lora = meta.get("lora") if layout == FORMAT else None
+
+    def build(where: str | torch.device) -> GR00TN16:
+        with torch.device(where):
+            built = GR00TN16(cfg)
+        if lora:
+            add_lora(
+                built, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"], only=lora["modules"]
+            )
+        return built
+
+    expected = dict(build("meta").state_dict())
     report.unexpected = sorted(k for k in mapped if k not in expected)
     report.missing = sorted(k for k in expected if k not in mapped)
     if strict and (report.missing or report.unexpected):
         raise KeyError(f"{root}: strict load failed\n{report}")
     # Everything present: skip random initialisation (the model has no buffers to recompute).
     if report.missing:
-        with torch.device(device):
-            model = GR00TN16(cfg)
+        model = build(device)
     else:
-        with torch.device("meta"):
-            model = GR00TN16(cfg)
+        model = build("meta")
         model.to_empty(device=device)
     report.loaded = _copy_in(model, expected, mapped)
     log.info("%s", report)
