@@ -51,7 +51,7 @@ def run_demo(out: Path, dataset: Path | None, overrides: list[str]) -> int:
     run = Path(cfg.output_dir)
     print(
         f"[demo] done in {time.perf_counter() - start:.0f} s. Files:\n"
-        f"  checkpoint   {report.checkpoint}  (gr00t_model.from_pretrained loads it)\n"
+        f"  checkpoint   {report.checkpoint}  (gr00t-train export CHECKPOINT OUT: a gr00t_model folder)\n"
         f"  loss curve   {run / 'loss.png'}\n"
         f"  step time    {run / 'step_time.png'}\n"
         f"  metrics      {run / 'metrics.jsonl'} (one line per step and per validation), {run / 'summary.json'}\n"
