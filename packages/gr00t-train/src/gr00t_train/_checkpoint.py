@@ -12,25 +12,31 @@ Layout of `<dir>/step_000100/`:
     optimizer.pt         optimizer state (rank 0; vla_overlap's ZeRO-1 state_dict is gathered, full size)
     rank00000.pt         per-rank random state (python, numpy, torch CPU/CUDA) and data-pipeline state
     manifest.json        size and SHA-256 of every file above, written last
+
+A save is `begin` (every rank, main thread: rank 0 makes the temporary folder, then a barrier) and `write`
+(every rank its own files, then a marker file; rank 0 waits for the markers, then writes the manifest and
+renames): `write` runs no collective, so it can run in a background thread beside training (`_async_save`).
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ._checkpoint_files import _fsync_dir, _fsync_tree, _torch_load, _torch_save, _write_json
 from ._errors import CheckpointError
 from ._manifest import MANIFEST, check_manifest, write_manifest
+from ._save_errors import save_error
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,10 @@ TRAIN_CONFIG = "train_config.json"
 DATASET_FINGERPRINT = "dataset_meta_sha256"
 """trainer_state.json key: `_dataset_fingerprint.meta_digest` of the run's dataset (older checkpoints hold only
 this; newer ones also the whole fingerprint, in `dataset_fingerprint.json`)."""
+RANK_TIMEOUT_S = 600.0
+"""How long rank 0 waits for the other ranks' parts of a checkpoint once its own are written."""
+_DONE, _FAILED = ".done-rank{:05d}", ".failed-rank{:05d}"
+"""Markers in the temporary folder: a rank's part is written, or why it could not be."""
 ANY_RUN = "<any run>"
 """`Checkpointer.all(ANY_RUN)`: checkpoints of every run (None selects those written before runs had ids)."""
 
@@ -77,6 +87,9 @@ class Checkpointer:
         self.barrier = barrier
         self.run_id = run_id
         """The run whose checkpoints this object writes, prunes and cleans up after (None: unnamed)."""
+        self.rank_timeout_s = RANK_TIMEOUT_S
+        self.abandon = threading.Event()
+        """Set when the run failed: a save still waiting for other ranks' parts gives up at once."""
 
     # ----------------------------------------------------------------------------------------- saving
     def save(
@@ -88,62 +101,111 @@ class Checkpointer:
         rank_state: dict[str, Any],
         trainer_state: dict[str, Any],
         config: dict[str, Any],
+        world_size: int = 1,
     ) -> Path:
-        """Write the checkpoint of `step`; returns its final folder. A full disk (or any other write error)
-        raises CheckpointError naming the folder; the partial save is removed, earlier checkpoints stay."""
-        final = self.root / step_dir_name(step)
-        tmp = (
-            self.root / f".tmp-{self.run_id}-{final.name}"
-            if self.run_id
-            else self.root / f".tmp-{final.name}"
-        )
+        """Write the checkpoint of `step` in this thread (every rank); returns its final folder. A full disk
+        (or any other write error) raises CheckpointError naming the folder; the partial save is removed,
+        earlier checkpoints stay."""
+        self.begin(step)
+        final = self.write(
+            step, write_model=write_model, optimizer_state=optimizer_state, rank_state=rank_state,
+            trainer_state=trainer_state, config=config, world_size=world_size,
+        )  # fmt: skip
+        self.barrier()
+        return final
+
+    def begin(self, step: int) -> Path:
+        """Start the save of `step` (every rank, in the main thread: it ends with a barrier): rank 0 makes
+        its temporary folder, refusing another run's checkpoint of that step. Returns the temporary folder."""
+        final, tmp = self._folders(step)
         try:
             if self.rank == 0:
                 self.root.mkdir(parents=True, exist_ok=True)
                 self._refuse_foreign(final)
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
-            self.barrier()
+        except OSError as err:
+            error = save_error(err, final, tmp, self._kept())
+            raise (error or err) from err
+        self.barrier()
+        return tmp
+
+    def write(
+        self,
+        step: int,
+        *,
+        write_model: Callable[[Path], None],
+        optimizer_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        trainer_state: dict[str, Any],
+        config: dict[str, Any],
+        world_size: int = 1,
+    ) -> Path:
+        """This rank's files of the save `begin` started; then on rank 0, once every rank has marked its part
+        done, the manifest, the rename into place and the pruning. No collectives: it may run in a background
+        thread while training runs its own. Returns the final folder."""
+        final, tmp = self._folders(step)
+        try:
             _torch_save(rank_state, tmp / rank_file_name(self.rank))
-            if self.rank == 0:
-                _torch_save(optimizer_state, tmp / "optimizer.pt")
-                write_model(tmp)
-                _write_json(tmp / TRAIN_CONFIG, config)
-                _write_json(tmp / TRAINER_STATE, {**trainer_state, "run_id": self.run_id})
-            self.barrier()
-            if self.rank == 0:
-                write_manifest(tmp, {"step": step, "run_id": self.run_id})  # hashes what is on disk
-                _fsync_tree(tmp)
-                self._publish(tmp, final)
-                self._prune()
+            if self.rank != 0:
+                (tmp / _DONE.format(self.rank)).touch()
+                return final
+            _torch_save(optimizer_state, tmp / "optimizer.pt")
+            write_model(tmp)
+            _write_json(tmp / TRAIN_CONFIG, config)
+            _write_json(tmp / TRAINER_STATE, {**trainer_state, "run_id": self.run_id})
+            self._wait_for_ranks(tmp, final, world_size)
+            write_manifest(tmp, {"step": step, "run_id": self.run_id})  # hashes what is on disk
+            _fsync_tree(tmp)
+            self._publish(tmp, final)
+            self._prune()
         except Exception as err:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # free the space a partial save took
-            reason = _disk_full(err, self.root)
-            failed = _os_error(err)
-            if reason is None and failed is None:
+            else:  # rank 0 waits for this rank's part: tell it why there is none
+                with contextlib.suppress(OSError):
+                    (tmp / _FAILED.format(self.rank)).write_text(f"{type(err).__name__}: {err}"[:500])
+            error = None if isinstance(err, CheckpointError) else save_error(err, final, tmp, self._kept())
+            if error is None:
                 raise
-            kept = [p.name for p in self.all(self.run_id)]
-            if reason is not None:
-                advice = (
-                    "Free space on that disk, lower checkpoint.keep_last or point checkpoint.dir elsewhere"
-                )
-            else:
-                code = errno.errorcode.get(failed.errno) if failed.errno else None
-                detail = ", ".join(x for x in (code, f"writing {failed.filename or tmp}") if x)
-                reason = f"{failed.strerror or failed} ({detail})"
-                advice = "Make that folder writable (or point checkpoint.dir elsewhere)"
-            resume = (
-                f", then continue with --resume (from {kept[-1]})"
-                if kept
-                else "; no checkpoint of this run exists yet, so the run must start again"
-            )
-            raise CheckpointError(
-                f"cannot write checkpoint {final}: {reason}. The partial save was removed; earlier "
-                f"checkpoints are intact ({', '.join(kept) or 'none'}). {advice}{resume}."
-            ) from err
-        self.barrier()
+            raise error from err
         return final
+
+    def _kept(self) -> list[str]:
+        return [p.name for p in self.all(self.run_id)]
+
+    def _folders(self, step: int) -> tuple[Path, Path]:
+        """(final, temporary) folder of the checkpoint of `step`."""
+        final = self.root / step_dir_name(step)
+        name = f".tmp-{self.run_id}-{final.name}" if self.run_id else f".tmp-{final.name}"
+        return final, self.root / name
+
+    def _wait_for_ranks(self, tmp: Path, final: Path, world_size: int) -> None:
+        """Until every other rank has marked its part done (files, not a collective: this may run beside
+        training's collectives); a rank's failure, `abandon` or the timeout raise CheckpointError."""
+        waiting = set(range(1, world_size))
+        deadline = time.monotonic() + self.rank_timeout_s
+        while waiting:
+            for rank in sorted(waiting):
+                failed = tmp / _FAILED.format(rank)
+                if failed.is_file():
+                    raise CheckpointError(
+                        f"cannot write checkpoint {final}: rank {rank} could not write its part "
+                        f"({failed.read_text().strip()}). The partial save was removed; earlier checkpoints "
+                        "are intact."
+                    )
+                if (tmp / _DONE.format(rank)).is_file():
+                    waiting.discard(rank)
+            if waiting and (self.abandon.is_set() or time.monotonic() > deadline):
+                why = "the run failed" if self.abandon.is_set() else f"within {self.rank_timeout_s:.0f} s"
+                raise CheckpointError(
+                    f"cannot write checkpoint {final}: rank(s) {', '.join(map(str, sorted(waiting)))} did not "
+                    f"finish their part ({why}). The partial save was removed; earlier checkpoints are intact."
+                )
+            if waiting:
+                time.sleep(0.02)
+        for marker in tmp.glob(".done-rank*"):
+            marker.unlink()
 
     def _refuse_foreign(self, final: Path) -> None:
         """Never replace another run's checkpoint of the same step."""
@@ -287,87 +349,3 @@ def verify_checkpoint(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{TRAINER_STATE} is unreadable ({type(err).__name__}: {err})"
     return None
-
-
-def _os_error(err: BaseException | None) -> OSError | None:
-    """The OSError behind `err` (itself, or what it was raised from), if any."""
-    seen = 0
-    while err is not None and seen < 8:
-        if isinstance(err, OSError):
-            return err
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return None
-
-
-def _disk_full(err: BaseException | None, root: Path) -> str | None:
-    """A message if `err` (or what it was raised from) means the disk is full. torch's zip writer replaces
-    the OSError with a RuntimeError on its way out; safetensors keeps only the text."""
-    seen = 0
-    while err is not None and seen < 8:
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"{os.strerror(err.errno)} ({errno.errorcode[err.errno]}, writing {err.filename or root})"
-        text = str(err)
-        if "No space left on device" in text or "os error 28" in text:
-            return f"No space left on device (ENOSPC; {type(err).__name__}: {text.strip()[:200]})"
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return None
-
-
-def _torch_save(obj: Any, path: Path) -> None:
-    # Through a file object: a failed write raises OSError with its errno (given a path, torch's zip writer
-    # raises a bare RuntimeError), named here with the file it was writing.
-    try:
-        with open(path, "wb") as f:
-            torch.save(obj, f)
-    except OSError as err:
-        raise OSError(err.errno, err.strerror, str(path)) from err
-    except RuntimeError as err:
-        cause = err.__context__
-        if isinstance(cause, OSError) and cause.filename is None:
-            raise OSError(cause.errno, cause.strerror, str(path)) from err
-        raise
-
-
-def _torch_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - said in our words (torch's would suggest weights_only=False)
-        raise CheckpointError(unreadable(path, err)) from None
-
-
-def unreadable(file: Path, err: BaseException) -> str:
-    """Why `file` cannot be loaded, in our words: never torch's advice to load it with weights_only=False,
-    which would run whatever code the file names."""
-    found = re.search(r"GLOBAL ([\w.]+)", str(err))
-    if found or "weights_only" in str(err):
-        what = f"names {found.group(1)}" if found else "holds objects other than tensors and plain containers"
-        return (
-            f"{file} {what}: refused, since loading it could run code. gr00t-train writes only tensors and plain "
-            "containers there, so the file was altered or comes from elsewhere; resume from another checkpoint."
-        )
-    return f"{file} cannot be read ({type(err).__name__}): it is damaged; resume from another checkpoint."
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def _fsync_tree(folder: Path) -> None:
-    # Data must be on disk before the rename makes the checkpoint visible, or a crash could publish
-    # a folder of truncated files.
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -169,6 +169,16 @@ class CheckpointConfig(_Section):
     """Settings a resume may change although they change the run's trajectory (`--resume-changed KEY`, e.g.
     optim.lr): each change is logged and recorded in the checkpoints and summary.json. Without it, a resume
     that changes such a setting stops (exit 2) before the model is built."""
+    async_save: bool = True
+    """Write checkpoints in a background thread: the loop stops only to copy the state into host memory (and
+    for ZeRO-1's gather of the optimizer state), then trains on while the files are written. At most one write
+    is in flight; the final save, a stop (SIGTERM/SIGINT) and the end of the run wait for it. false = write
+    in the loop, as before (for comparison)."""
+    on_error: Literal["stop", "continue"] = "stop"
+    """What a failed background write (a full disk) does: stop = the run stops with the error at its next
+    checkpoint (every rank together; the earlier checkpoints are intact); continue = it trains on and writes
+    the next checkpoint as planned. Either way the failure is logged at once and listed in summary.json
+    (`checkpoint_failures`). A failed final or stop save always ends the run with the error."""
 
     def _check(self) -> None:
         require(self.every >= 0, "every", f"must be >= 0 (0 = only at the end), got {self.every}")

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from ._base import find_base
-from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE, unreadable
+from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE
+from ._checkpoint_files import unreadable
 from ._config import TrainConfig
 from ._dataset_fingerprint import differences, fingerprint, meta_digest, read_fingerprint
 from ._distributed import device_type

@@ -124,6 +124,10 @@ class Trainer:
             self.checks.stop.install()
             self.train()
             self.model.wait_for_update()
+            self.checkpoint.wait()  # a background write still in flight (checkpoint.async_save)
+        except BaseException:  # a write in flight may finish; the run's own error wins
+            self.checkpoint.abandon()
+            raise
         finally:
             self.checks.stop.restore()
             self.model.release()  # before the process group can go: graphs hold its collectives
@@ -216,9 +220,13 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- checkpoints
     def save(self) -> Path:
-        """Write a checkpoint of the current step (every rank must call this)."""
+        """Save a checkpoint of the current step (every rank must call this). With checkpoint.async_save the
+        files are written in the background, except for the final save and a stop's, which are waited for."""
         self.model.wait_for_update()
-        return self.checkpoint.save(self.step, self.samples_seen)
+        saved = self.checkpoint.save(self.step, self.samples_seen)
+        if self.step == self.cfg.steps or self.checks.stop.signum is not None:
+            self.checkpoint.wait()
+        return saved
 
     def _save_due(self) -> bool:
         every = self.cfg.checkpoint.every

@@ -19,8 +19,9 @@ import torch
 import vla_overlap
 
 from ..__about__ import __version__
+from .._async_save import BackgroundWrite, SaveLog
 from .._base import describe as describe_base
-from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state
+from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
 from .._config import TrainConfig
 from .._config_io import config_to_dict, read_config_file
 from .._dataset_fingerprint import fingerprint, meta_digest, write_fingerprint
@@ -32,6 +33,7 @@ from .._resume_changes import as_records, config_changes
 from .._rng import rng_state, seed_everything, set_rng_state
 from .._run_checks import check_weights_finite
 from .._schedule import CosineSchedule
+from .._staging import stage
 from .._weights import WEIGHTS, ModelView, elsewhere, plan_weights, read_record
 from .data import DataComponent
 from .model import ModelComponent
@@ -59,11 +61,15 @@ class CheckpointComponent:
         """The base of the model's frozen weights as checkpoints record it (path and digests), hashed at start."""
         self.resume_changes: list[dict] = []
         """Settings changed at resumes with --resume-changed (this session's and earlier ones')."""
+        self.saves = SaveLog()
+        """This session's saves: the loop's stall, write seconds and bytes, failures (summary.json)."""
+        self._inflight: BackgroundWrite | None = None
 
     def start(self, run_id: str | None) -> None:
         """A run starts: checkpoints are written as `run_id`'s; its interrupted saves are removed; the
         dataset's fingerprint is taken now (what every checkpoint of this session records)."""
         self.checkpointer.run_id = run_id
+        self.checkpointer.abandon.clear()
         self.checkpointer.remove_partial()
         if self.cfg.data.dataset and self.env.is_main:
             self._dataset = fingerprint(self.cfg.data.dataset)
@@ -77,7 +83,11 @@ class CheckpointComponent:
             )  # fmt: skip
 
     def save(self, step: int, samples_seen: int) -> Path:
-        """Write the checkpoint of `step` (after the update finished); refuses NaN/inf weights."""
+        """Save the checkpoint of `step` (every rank, after the update finished; NaN/inf weights are refused);
+        returns its final folder. With checkpoint.async_save the state is staged in host memory here and
+        written by a background thread (`wait` for it); the loop's stall is what this call takes."""
+        started = time.perf_counter()
+        self._settle()  # at most one write in flight: the previous one first
         check_weights_finite(self.parts.model, step)
         trainer_state = {
             "step": step,
@@ -93,24 +103,98 @@ class CheckpointComponent:
             trainer_state[DATASET_FINGERPRINT] = meta_digest(self._dataset)
         if self.resume_changes:
             trainer_state["resume_changes"] = self.resume_changes
-        rank_state = {"rng": rng_state(self.env.device), "data": self.data.state_dict()}
-        optimizer_state = self.model.optimizer.state_dict()  # a collective under ZeRO-1: every rank
-
-        def write_model(folder: Path) -> None:
+        rank_state, ready_rank = stage({"rng": rng_state(self.env.device), "data": self.data.state_dict()})
+        optimizer = self.model.optimizer
+        # ZeRO-1's state_dict is a collective (every rank) that returns fresh host copies; torch's AdamW
+        # returns its live state, which is copied
+        optimizer_state, ready_optimizer = stage(
+            optimizer.state_dict(), fresh_cpu=isinstance(optimizer, vla_overlap.DistributedAdamW)
+        )
+        model_tensors, ready_model, record = {}, lambda: None, None
+        if self.env.is_main:  # only rank 0 writes the model
             plan = plan_weights(self.parts.model, self.parts.base, optimizer_state)
             state = self.parts.model.state_dict()
-            self.parts.save_model(ModelView(self.parts.model, {k: state[k] for k in plan.written}), folder)
-            (folder / WEIGHTS).write_text(json.dumps(plan.record(self._base), indent=1) + "\n")
+            model_tensors, ready_model = stage({k: state[k] for k in plan.written})
+            record = plan.record(self._base)
+
+        def write_model(folder: Path) -> None:
+            self.parts.save_model(ModelView(self.parts.model, model_tensors), folder)
+            (folder / WEIGHTS).write_text(json.dumps(record, indent=1) + "\n")
             write_fingerprint(self._dataset, folder)
 
-        return self.checkpointer.save(
-            step,
-            write_model=write_model,
-            optimizer_state=optimizer_state,
-            rank_state=rank_state,
-            trainer_state=trainer_state,
-            config=config_to_dict(self.cfg),
-        )
+        def ready() -> None:
+            for wait in (ready_rank, ready_optimizer, ready_model):
+                wait()
+
+        config = config_to_dict(self.cfg)
+        self.checkpointer.begin(step)  # a barrier: rank 0 made the temporary folder
+
+        def job() -> Path:
+            return self.checkpointer.write(
+                step, write_model=write_model, optimizer_state=optimizer_state, rank_state=rank_state,
+                trainer_state=trainer_state, config=config, world_size=self.env.world_size,
+            )  # fmt: skip
+
+        if self.cfg.checkpoint.async_save:
+            self._inflight = BackgroundWrite(step, job, ready, speaks=True)
+            final = self.checkpointer.root / step_dir_name(step)
+        else:
+            written = time.perf_counter()
+            ready()
+            final = job()
+            self.env.barrier()  # every rank returns after rank 0 published, as before
+            if self.env.is_main:
+                self.saves.written(final, time.perf_counter() - written, background=False)
+        self.saves.stall_s.append(time.perf_counter() - started)
+        self.parts.facts.update(self.saves.facts())
+        if self.env.is_main and self.cfg.checkpoint.async_save:
+            log.info(
+                "checkpoint %s: the loop stalled %.3f s, the files are written in the background",
+                final.name, self.saves.stall_s[-1],
+            )  # fmt: skip
+        return final
+
+    def wait(self) -> None:
+        """Wait for the write in flight (the final save, a stop, the end of the run): its failure raises
+        CheckpointError on every rank, whatever checkpoint.on_error says (no later save would follow)."""
+        self._settle(final=True)
+
+    def abandon(self) -> None:
+        """The run failed: a write in flight stops waiting for other ranks' parts and is given the time to
+        finish what it can, so the checkpoint the loop already staged is not lost (its failure is logged, not
+        raised: the run's own error wins). Ctrl-C during the wait leaves without it."""
+        self.checkpointer.abandon.set()
+        write, self._inflight = self._inflight, None
+        if write is not None and not write.join(0):
+            log.warning(
+                "waiting for the checkpoint of step %d to be written (Ctrl-C: leave without it)", write.step
+            )
+            write.join(self.checkpointer.rank_timeout_s)
+
+    def _settle(self, final: bool = False) -> None:
+        """Wait for the write in flight and agree on its outcome on every rank (rank 0 knows it: it publishes
+        only once every rank's part is written); a failure stops the run as checkpoint.on_error says."""
+        write, self._inflight = self._inflight, None
+        if write is None:
+            return
+        write.join()
+        if write.error is None and self.env.is_main:
+            self.saves.written(write.path, write.seconds, background=True)
+        error = write.error
+        mine = None if error is None else str(error) if isinstance(error, CheckpointError) else repr(error)
+        failure = self.env.broadcast_object(mine)  # a collective: every rank settles at the same save
+        if failure is None:
+            self.parts.facts.update(self.saves.facts())
+            return
+        policy = self.cfg.checkpoint.on_error
+        self.saves.failed(write.step, failure, policy)
+        self.parts.facts.update(self.saves.facts())
+        if final or policy == "stop":
+            raise CheckpointError(failure) from write.error
+        if self.env.is_main:
+            log.warning(
+                "checkpoint.on_error=continue: training goes on; the next checkpoint is written as planned"
+            )
 
     def resume(self, path: Path) -> tuple[int, int]:
         """Load model, optimizer, random streams and data position from `path`; returns (step, samples
