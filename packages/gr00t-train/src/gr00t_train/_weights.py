@@ -123,7 +123,8 @@ def elsewhere(record: dict[str, Any] | None) -> frozenset[str]:
 class ModelView(nn.Module):
     """A model as its checkpoint's model files hold it, for the model's own saver and loader: `state_dict()`
     gives the tensors to write (live, or copies staged for a background write); `load_state_dict` loads into
-    the model, which must then miss exactly the keys read from elsewhere. `config` is the model's."""
+    the model, which must then miss exactly the keys read from elsewhere. Other attributes (`config`) are the
+    model's."""
 
     def __init__(
         self,
@@ -135,7 +136,12 @@ class ModelView(nn.Module):
         object.__setattr__(self, "_model", model)  # not a submodule: its tensors stay out of this view's
         self._tensors = tensors or {}
         self._elsewhere = elsewhere
-        self.config = getattr(model, "config", None)
+
+    def __getattr__(self, name: str) -> Any:  # the model's own attributes (config, lora_config) for its saver
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_model"), name)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
         return dict(self._tensors)
