@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +41,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     """Train as `cfg` says (under torchrun: one process per GPU); returns the summary on rank 0."""
     from ._build import build_parts
 
+    started = time.perf_counter()  # start-up (to the end of the first step) is counted from here
     env = init_distributed(cfg.device)  # sets this rank's GPU; no cuBLAS call yet
     cfg, line = resolve_optimizations(cfg, env.device)  # every `auto` switch as it runs on this device
     if env.is_main:
@@ -60,6 +62,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         try:
             parts = build_parts(cfg, env)
             progress.trainer = trainer = Trainer(cfg, parts, env)
+            trainer.started_at = started
             summary = _fit(trainer, cfg, env.rank)  # fit() gets the same claim back
         finally:
             run.release()

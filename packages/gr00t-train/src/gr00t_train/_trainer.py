@@ -94,6 +94,11 @@ class Trainer:
         self.samples_seen = 0
         self.first_step_s: float | None = None
         """Seconds of the first step of the session: compilation and graph capture happen there."""
+        self.started_at: float | None = None
+        """perf_counter() when the run began (set by run_training): start-up is counted from it."""
+        self.startup_s: float | None = None
+        """Seconds from `started_at` to the end of the first step: process group, model, data, compilation,
+        graph capture (a resume's loading included)."""
         self.step_callback: Callable[[], None] | None = None
         """Called after every step (e.g. a profiler's step())."""
         self.out_dir = Path(cfg.output_dir)
@@ -238,7 +243,10 @@ class Trainer:
         self.model.wait_for_update()
         if self.env.device.type == "cuda":
             torch.cuda.synchronize(self.env.device)
-        self.first_step_s = time.perf_counter() - started
+        now = time.perf_counter()
+        self.first_step_s = now - started
+        if self.started_at is not None:
+            self.startup_s = now - self.started_at
 
     # --------------------------------------------------------------------------------------- report
     def run_facts(self) -> dict[str, Any]:
@@ -248,6 +256,7 @@ class Trainer:
         return {
             "peak_tflops": self.metrics.peak_tflops,
             "first_step_s": self.first_step_s,
+            "startup_s": self.startup_s,
             "capture_s": report.capture_seconds,
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,

@@ -1,0 +1,123 @@
+"""The whole job, not just the step: a fine-tune with checkpoints and validation, timed end to end.
+
+One process runs `gr00t-train train` on `--dataset` with every setting at its default (n1.6-3b, batch 16) for
+`--steps` steps, a checkpoint every `--every` steps and a validation every `--eval-every`, with fresh compile
+caches (cold); a second process repeats only the start-up with the caches the first one filled (warm). The
+wall time of the job splits into start-up (process group, model, data, compilation and graph capture, to the
+end of the first step), steps, checkpoint stalls (the loop waiting for a save; the writes run in the
+background), validation and the rest (the final save's wait, reports). Samples/s over the whole job stand
+next to the steady-state rate.
+
+    python -m vla_io synth /tmp/libero --preset libero --episodes 20
+    python benchmarks/time_to_model.py --dataset /tmp/libero --json benchmarks/results/time_to_model_h200_<date>.json
+
+`--set model.preset=tiny --set data.num_workers=1 --steps 40 --every 10 --eval-every 10` checks it on a CPU.
+Targets (one H200, n1.6-3b): stall <= 1 s per save; start-up + stalls + validation + final save <= 5% of the
+job at 2,000 steps with saves every 500; warm start-up <= 20 s, cold <= 60 s; bytes per save <= 20 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--cameras", default="image,wrist_image")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--every", type=int, default=500, help="checkpoint every this many steps")
+    p.add_argument("--eval-every", type=int, default=500, help="validate every this many steps (0: never)")
+    p.add_argument("--warm-steps", type=int, default=8, help="steps of the warm start-up run")
+    p.add_argument("--out", type=Path, default=Path("/tmp/time_to_model"))
+    p.add_argument("--json", type=Path)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    return p.parse_args()
+
+
+def _train(
+    args: argparse.Namespace, name: str, steps: int, caches: Path, sets: list[str]
+) -> tuple[dict, float]:
+    """Run one `gr00t-train train` process; returns (its summary.json, its wall seconds)."""
+    out = args.out / name
+    argv = [sys.executable, "-m", "gr00t_train", "train", "--overwrite"]
+    for item in (f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"steps={steps}",
+                 f"output_dir={out}", "logging.progress=false", *sets, *args.overrides):  # fmt: skip
+        argv += ["--set", item]
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "TRITON_CACHE_DIR": str(caches / "triton"),
+    }
+    started = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads((out / "summary.json").read_text()), wall
+
+
+def _steps_seconds(folder: Path) -> float:
+    """Seconds of every step but the first (which start-up counts), from metrics.jsonl."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("kind") != "val"]
+    return sum(float(r["step_time_s"]) for r in steps[1:])
+
+
+def main() -> None:
+    args = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    caches = Path(tempfile.mkdtemp(prefix="compile-caches-", dir=args.out))  # empty: the first run is cold
+    job = [f"checkpoint.every={args.every}", f"eval.every={args.eval_every}", "checkpoint.keep_last=2"]
+    summary, wall = _train(args, "job", args.steps, caches, job)
+    warm, _ = _train(args, "warm", args.warm_steps, caches, ["checkpoint.save_final=false", "eval.every=0"])
+    steps_s = _steps_seconds(args.out / "job")
+    stalls = list(summary.get("checkpoint_stall_s") or [])
+    validation_s = float(summary.get("validation_s") or 0.0)
+    startup = float(summary["startup_s"])
+    other = max(0.0, wall - startup - steps_s - sum(stalls) - validation_s)
+    samples = args.steps * int(summary["global_batch"])
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": {
+            "dataset": str(args.dataset),
+            "steps": args.steps,
+            "checkpoint_every": args.every,
+            "eval_every": args.eval_every,
+            "overrides": args.overrides,
+        },  # fmt: skip
+        "wall_s": wall,
+        "startup_s": startup,
+        "startup_warm_s": float(warm["startup_s"]),
+        "steps_s": steps_s,
+        "checkpoint_stall_s": stalls,
+        "checkpoint_write_s": summary.get("checkpoint_write_s"),
+        "checkpoint_bytes": summary.get("checkpoint_bytes"),
+        "validation_s": validation_s,
+        "other_s": other,
+        "non_step_share": (wall - steps_s) / wall,
+        "samples_per_s_job": samples / wall,
+        "samples_per_s_steady": summary["samples_per_s"],
+        "peak_memory_gib": summary.get("peak_memory_gib"),
+    }
+    print(json.dumps(result, indent=2))
+    print(
+        f"\njob {wall:.1f} s: start-up {startup:.1f} s (warm {result['startup_warm_s']:.1f} s), steps {steps_s:.1f} s, "
+        f"{len(stalls)} saves stalling {sum(stalls):.2f} s (max {max(stalls, default=0):.2f} s), validation "
+        f"{validation_s:.1f} s, rest {other:.1f} s; non-step share {100 * result['non_step_share']:.1f}%; "
+        f"{result['samples_per_s_job']:.1f} samples/s over the job against {result['samples_per_s_steady']:.1f} steady"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
