@@ -28,6 +28,7 @@ _LAZY = {
     "LoadReport": "._checkpoint",
     "load_tokenizer": "._tokenizer",
     "make_dummy_batch": "._dummy",
+    "DEFAULT_LORA_TARGETS": "._lora",
     "LoRALinear": "._lora",
     "add_lora": "._lora",
     "load_lora": "._lora",
@@ -37,6 +38,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "DEFAULT_LORA_TARGETS",
     "EMBODIMENT_TAGS",
     "EmbodimentSpec",
     "GR00TConfig",
@@ -68,7 +70,15 @@ if TYPE_CHECKING:
     from ._dummy import make_dummy_batch
     from ._flops import count_parameters, training_flops_per_sample
     from ._images import ImageSpec, preprocess_images
-    from ._lora import LoRALinear, add_lora, load_lora, lora_state_dict, merge_lora, save_lora
+    from ._lora import (
+        DEFAULT_LORA_TARGETS,
+        LoRALinear,
+        add_lora,
+        load_lora,
+        lora_state_dict,
+        merge_lora,
+        save_lora,
+    )
     from ._model import GR00TN16
     from ._normalize import EmbodimentSpec, JointGroup, relative_action_stats
     from ._processor import GR00TProcessor, ProcessorConfig

@@ -26,7 +26,7 @@ from torch import nn
 from ._merged_linear import MergedLinear
 
 DIT = "action_head.model.transformer_blocks.*"
-DEFAULT_TARGETS = (
+DEFAULT_LORA_TARGETS = (
     f"{DIT}.attn1.to_q", f"{DIT}.attn1.to_k", f"{DIT}.attn1.to_v", f"{DIT}.attn1.to_out.0",
     f"{DIT}.ff.net.0.proj", f"{DIT}.ff.net.2",
     "backbone.language_model.layers.*.self_attn.?_proj", "backbone.language_model.layers.*.mlp.*_proj",
@@ -53,7 +53,7 @@ def add_lora(
     rank: int,
     alpha: float,
     dropout: float = 0.0,
-    targets: Iterable[str] = DEFAULT_TARGETS,
+    targets: Iterable[str] = DEFAULT_LORA_TARGETS,
     *,
     only: Iterable[str] | None = None,
 ) -> list[str]:

@@ -87,6 +87,36 @@ class DataConfig(_Section):
 
 
 @dataclass(kw_only=True)
+class LoRAConfig(_Section):
+    """Low-rank adapters instead of full fine-tuning (gr00t_model.add_lora)."""
+
+    rank: int = 0
+    """Adapter rank; 0 = no adapters: the trainable set trains in full."""
+    alpha: float | None = None
+    """The adapters' scale numerator (their update is alpha / rank x B A); None = 2 x rank."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training."""
+    targets: list[str] | None = None
+    """Module-name patterns (fnmatch) whose trainable nn.Linear layers get adapters; None = the DiT's attention
+    and feed-forward projections and the trainable language-model layers' projections
+    (gr00t_model.DEFAULT_LORA_TARGETS)."""
+    train_in_full: list[str] = field(
+        default_factory=lambda: [
+            "action_head.state_encoder",
+            "action_head.action_encoder",
+            "action_head.action_decoder",
+        ]
+    )
+    """Modules that train in full beside the adapters (everything else is frozen): by default the embodiment
+    projectors, whose slot of a new embodiment starts untrained."""
+
+    def _check(self) -> None:
+        require(self.rank >= 0, "rank", f"must be >= 0 (0 = no adapters), got {self.rank}")
+        require(self.alpha is None or self.alpha > 0, "alpha", f"must be > 0 or none, got {self.alpha}")
+        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(kw_only=True)
 class ModelConfig(_Section):
     """Which GR00T model to build and what of it to train."""
 
@@ -106,6 +136,8 @@ class ModelConfig(_Section):
     """Train this many top language-model layers; None = the preset's."""
     vlm_seq_len: int | None = None
     """Pad the VLM token sequence to this fixed length (graphs need fixed shapes); None = automatic."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters instead of full fine-tuning of the trainable set (`lora.rank` 0: none)."""
 
     def _check(self) -> None:
         require(bool(self.preset), "preset", "must name a gr00t_model preset")
@@ -270,6 +302,12 @@ class TrainConfig(_Section):
             "is a Triton kernel: it needs device=cuda (or auto on a GPU host)",
         )
         require(bool(self.output_dir), "output_dir", "must not be empty")
+        require(
+            not (self.model.lora.rank and self.optimizations.merged_dit_linears == "on"),
+            "optimizations.merged_dit_linears",
+            "cannot be on with LoRA adapters (model.lora.rank > 0): an adapter belongs to one of q, k, v, and "
+            "the merged form computes them in one GEMM; leave it auto",
+        )
         profiled = self.logging.summary_skip + self.logging.profile_steps
         require(
             self.logging.profile_steps == 0 or profiled <= self.steps,

@@ -28,9 +28,10 @@ EXPORTED = "export.json"
 """Marks an exported folder (and names the checkpoint it came from)."""
 
 
-def export(checkpoint: str | Path, out: str | Path) -> Path:
+def export(checkpoint: str | Path, out: str | Path, *, lora_only: bool = False) -> Path:
     """Write the model of `checkpoint` (a checkpoint folder, or the newest intact one in a folder of them)
-    into `out`, which must not exist yet (or be empty); returns `out`."""
+    into `out`, which must not exist yet (or be empty); returns `out`. LoRA adapters are merged into the
+    weights; with `lora_only`, only the adapters are written (gr00t_model.save_lora)."""
     from ._infer import find_checkpoint
 
     folder = find_checkpoint(checkpoint)
@@ -45,10 +46,18 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
         raise DataError(
             f"CHECKPOINT: {folder} does not provide {len(report.missing)} tensors: {report.missing[:5]}"
         )
+    has_lora = getattr(model, "lora_config", None) is not None
+    if lora_only and not has_lora:
+        raise DataError(f"--lora-only: {folder} has no LoRA adapters (its run set no model.lora.rank)")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        gr00t_model.save_pretrained(model, tmp)
+        if lora_only:
+            gr00t_model.save_lora(model, tmp)
+        else:
+            if has_lora:
+                log.info("merged %d LoRA adapters into the weights", gr00t_model.merge_lora(model))
+            gr00t_model.save_pretrained(model, tmp)
         for name in (DATASET_META, TRAIN_CONFIG):
             source = folder / name
             if source.is_dir():

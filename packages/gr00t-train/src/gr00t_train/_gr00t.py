@@ -59,7 +59,7 @@ def merges_dit_linears(cfg: TrainConfig, device_type: str) -> bool:
     """Whether the model runs the DiT's merged linears (optimizations.merged_dit_linears, auto = on with
     CUDA). It changes the trainable parameters' layout, so the optimizer state of one form fits only it."""
     merged = cfg.optimizations.merged_dit_linears
-    return merged == "on" or (merged == "auto" and device_type == "cuda")
+    return merged == "on" or (merged == "auto" and device_type == "cuda" and not cfg.model.lora.rank)
 
 
 LARGE_MODEL = 500_000_000
@@ -138,10 +138,15 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
             model, report = load_pretrained(cfg.model.checkpoint, device=device, **overrides)
         except BaseError as err:
             raise ConfigError("model.checkpoint", str(err)) from None
-        model = _prepare_frozen(cfg, model, device)
-        _BASES[model] = BaseWeights(
-            Path(cfg.model.checkpoint), frozenset(model.state_dict()) - set(report.missing)
-        )
+        if getattr(model, "lora_config", None) is not None:
+            raise ConfigError(
+                "model.checkpoint",
+                f"{cfg.model.checkpoint} holds LoRA adapters: `gr00t-train export` it (the export merges them "
+                "into the weights) and start from the export",
+            )
+        provided = frozenset(model.state_dict()) - set(report.missing)  # the adapters' tensors are not
+        model = _prepare_frozen(cfg, add_adapters(cfg, model), device)
+        _BASES[model] = BaseWeights(Path(cfg.model.checkpoint), provided)
         return model
     try:
         config = GR00TConfig.preset(cfg.model.preset, **overrides)
@@ -155,7 +160,35 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     with torch.device(device):
         model = GR00TN16(config)
-    return _prepare_frozen(cfg, model.train(), device)
+    return _prepare_frozen(cfg, add_adapters(cfg, model.train()), device)
+
+
+def add_adapters(cfg: TrainConfig, model: GR00TN16) -> GR00TN16:
+    """With model.lora.rank > 0: LoRA adapters on the targeted trainable linears (seeded: the same on every
+    rank), then everything frozen but the adapters and model.lora.train_in_full. The frozen weights keep the
+    dtype the release's policy gave them, so a checkpoint's model rebuilds as it trained."""
+    lora = cfg.model.lora
+    if not lora.rank:
+        return model
+    targets = lora.targets if lora.targets is not None else gr00t_model.DEFAULT_LORA_TARGETS
+    known = dict(model.named_modules())
+    missing = [name for name in lora.train_in_full if name not in known]
+    if missing:
+        raise ConfigError("model.lora.train_in_full", f"the model has no module {missing[0]}")
+    torch.manual_seed(cfg.seed + 1)  # the adapters' init: identical on every rank, apart from the model's
+    try:
+        names = gr00t_model.add_lora(model, lora.rank, lora.alpha or 2.0 * lora.rank, lora.dropout, targets)
+    except ValueError as err:
+        raise ConfigError("model.lora.targets", str(err)) from None
+    full = {id(p) for name in lora.train_in_full for p in known[name].parameters()}
+    for name, param in model.named_parameters():
+        param.requires_grad_(name.endswith((".lora_A", ".lora_B")) or id(param) in full)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info(
+        "LoRA: rank %d adapters on %d linears; %.1f M parameters train (adapters and %s), the rest is frozen",
+        lora.rank, len(names), trained / 1e6, ", ".join(lora.train_in_full) or "nothing else",
+    )  # fmt: skip
+    return model
 
 
 def base_weights(model: GR00TN16) -> BaseWeights | None:

@@ -178,6 +178,7 @@ def resolve_optimizations(
         comm = "zero1_overlap" if wants_zero1 else "overlap"
     no_gpu = "needs CUDA" if not cuda else f"needs compute capability {_BF16_CAPABILITY[0]}.0+"
     zero1 = comm == "zero1_overlap"
+    lora = cfg.model.lora.rank > 0
     # (on where `auto`, the reason when not), from the device and the modes chosen above
     choices = {
         "graph": (
@@ -192,7 +193,10 @@ def resolve_optimizations(
         "optimizer_overlap": (cuda, "needs CUDA"),
         "flat_optimizer": (modern and zero1, no_gpu if not modern else "needs comm=zero1_overlap"),
         "grouped_embodiment_gemms": (cuda, "needs CUDA"),
-        "merged_dit_linears": (cuda, "needs CUDA"),
+        "merged_dit_linears": (
+            cuda and not lora,
+            "LoRA adapts each projection (model.lora.rank)" if lora else "needs CUDA",
+        ),
         "triton_attention": (modern, no_gpu),
     }
     values = {}

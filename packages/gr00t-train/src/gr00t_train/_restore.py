@@ -49,6 +49,11 @@ def load_pretrained(folder: str | Path, *, device: str | torch.device = "cpu", *
                 f"{base['path']} (recorded by path and SHA-256), but {reason}. Restore that folder"
             )
         model, report = load_pretrained(where, device=device, **fields)
+    lora = meta.get("lora")
+    if lora:  # the run's adapters, on the base's weights, before their tensors are loaded
+        gr00t_model.add_lora(
+            model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"], only=lora["modules"]
+        )
     written = _written(folder)
     with torch.no_grad():
         result = model.load_state_dict(written, strict=False)

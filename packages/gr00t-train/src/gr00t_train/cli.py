@@ -92,10 +92,15 @@ def _infer(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from ._export import export
 
-    out = export(args.checkpoint, args.out)
-    print(
-        f"exported {args.checkpoint} to {out} (loads with gr00t_model.from_pretrained; infer --checkpoint {out})"
-    )
+    out = export(args.checkpoint, args.out, lora_only=args.lora_only)
+    if args.lora_only:
+        print(
+            f"exported the LoRA adapters of {args.checkpoint} to {out} (gr00t_model.load_lora puts them on the base)"
+        )
+    else:
+        print(
+            f"exported {args.checkpoint} to {out} (loads with gr00t_model.from_pretrained; infer --checkpoint {out})"
+        )
     return 0
 
 
@@ -230,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", help="a checkpoint folder (or a folder of them: the newest intact one)")
     export.add_argument("out", help="the folder to write (must not exist, or be empty)")
+    export.add_argument(
+        "--lora-only",
+        action="store_true",
+        help="write only the LoRA adapters (adapter_config.json + adapter.safetensors, MBs) instead of the whole "
+        "model with them merged into its weights",
+    )
     export.set_defaults(run=_export)
 
     bench = commands.add_parser(
