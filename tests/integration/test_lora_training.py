@@ -87,3 +87,10 @@ def test_what_lora_cannot_run_with_is_refused(dataset, tmp_path, train_args, cap
     )
     assert main(again) == 2
     assert "holds LoRA adapters: `gr00t-train export` it" in capsys.readouterr().err
+
+
+def test_recomputed_activations_train_the_same_losses(dataset, tmp_path, train_args, losses) -> None:
+    """memory.recompute (activation checkpointing) is exact: the same losses, bit for bit, on a CPU."""
+    assert main(train_args(dataset, tmp_path / "kept", "steps=4")) == 0
+    assert main(train_args(dataset, tmp_path / "recomputed", "steps=4", "memory.recompute=dit,llm")) == 0
+    assert losses(tmp_path / "recomputed") == losses(tmp_path / "kept")

@@ -9,6 +9,8 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
 PRESETS = ("n1.6-3b", "n1.6-code-defaults", "tiny")
+CHECKPOINTABLE = ("dit", "llm")
+"""Block kinds GR00TConfig.checkpoint_blocks may name."""
 
 
 @dataclass(kw_only=True)
@@ -139,6 +141,11 @@ class GR00TConfig:
     they multiply the values, as flash kernels do. Faster at the DiT's 51 queries (BENCHMARKS.md, twelfth
     pass); elsewhere SDPA runs."""
 
+    checkpoint_blocks: tuple[str, ...] = ()
+    """Trainable blocks whose activations are recomputed in the backward instead of kept (`_checkpointing`):
+    "dit" (the DiT's blocks), "llm" (the trainable language-model layers). The same numbers with less memory,
+    for about one more forward of those blocks."""
+
     # --- default input geometry (processor and FLOP counter) ---
     image_size: tuple[int, int] = (252, 252)
     """(height, width) of every image fed to the vision tower; multiples of patch * downsample."""
@@ -147,6 +154,10 @@ class GR00TConfig:
 
     def __post_init__(self) -> None:
         self.image_size = tuple(int(s) for s in self.image_size)  # JSON gives lists
+        self.checkpoint_blocks = tuple(self.checkpoint_blocks)
+        unknown = sorted(set(self.checkpoint_blocks) - set(CHECKPOINTABLE))
+        if unknown:
+            raise ValueError(f"GR00TConfig.checkpoint_blocks: {unknown} are not among {CHECKPOINTABLE}")
         exempt = ("tune_top_llm_layers", "image_token_id")  # may be 0; checked below
         positive = [f.name for f in dataclasses.fields(self) if f.type == "int" and f.name not in exempt]
         for name in positive:
@@ -227,6 +238,7 @@ class GR00TConfig:
         """Plain JSON-ready dict of every field."""
         out = dataclasses.asdict(self)
         out["image_size"] = list(self.image_size)
+        out["checkpoint_blocks"] = list(self.checkpoint_blocks)
         return out
 
     @classmethod

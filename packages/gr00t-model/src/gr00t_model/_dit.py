@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _context_cast as context_cast
 from ._attention import attention, load_triton
+from ._checkpointing import run_block
 from ._config import GR00TConfig
 from ._keep_mask import draw_keep_mask
 from ._merged_linear import merge_linears
@@ -209,6 +210,7 @@ class AlternateVLDiT(nn.Module):
         if config.triton_attention:
             load_triton()  # here, not inside the compiled blocks
         self.grad_sum = None  # the context cast's gradient sum; compile_blocks compiles one (_context_cast)
+        self.recompute = "dit" in config.checkpoint_blocks  # activation checkpointing (_checkpointing)
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
         self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)
@@ -253,12 +255,16 @@ class AlternateVLDiT(nn.Module):
         for i, block in enumerate(self.transformer_blocks):
             keep = None if keeps is None else keeps[i]
             if i % 2:
-                tokens = block(tokens, temb, keep=keep, modulation=modulations[i])
+                tokens = run_block(
+                    block, tokens, temb, keep=keep, modulation=modulations[i], recompute=self.recompute
+                )
             else:
                 mask = text_mask if i % self.text_period == 0 else image_mask
                 kv = kv_cache[i] if kv_cache is not None else None
                 source = context if sources is None else sources[i // 2]
-                tokens = block(tokens, temb, source, mask, kv, keep, modulations[i])
+                tokens = run_block(
+                    block, tokens, temb, source, mask, kv, keep, modulations[i], recompute=self.recompute
+                )
         if out_modulation is None:
             out_modulation = self.proj_out_1(F.silu(temb))
         shift, scale = out_modulation.chunk(2, dim=1)

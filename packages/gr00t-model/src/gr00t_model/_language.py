@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checkpointing import run_block
 from ._config import GR00TConfig
 
 
@@ -83,6 +84,7 @@ class LanguageModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.llm_hidden_size)
         self.layers = nn.ModuleList(language_layer_class()(hf, i) for i in range(config.llm_num_layers))
         self.norm = Qwen3RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
+        self.recompute = "llm" in config.checkpoint_blocks  # activation checkpointing (_checkpointing)
 
     def forward(self, inputs_embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[B, S, D] embeddings + [B, S] bool valid -> final-normed hidden states [B, S, D]."""
@@ -100,7 +102,7 @@ class LanguageModel(nn.Module):
         cos, sin, mask = self.tables(hidden, valid)
         pending = None
         for layer in self.layers[start:stop]:
-            hidden, pending = layer(hidden, pending, mask, (cos, sin))
+            hidden, pending = run_block(layer, hidden, pending, mask, (cos, sin), recompute=self.recompute)
         return hidden + pending
 
     def tables(

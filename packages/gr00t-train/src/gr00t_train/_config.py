@@ -266,6 +266,21 @@ class EvalConfig(_Section):
 
 
 @dataclass(kw_only=True)
+class MemoryConfig(_Section):
+    """Techniques that trade speed for device memory, each its own switch."""
+
+    recompute: list[str] = field(default_factory=list)
+    """Trainable blocks whose activations are recomputed in the backward instead of kept (activation
+    checkpointing): dit (the DiT's blocks), llm (the trainable language-model layers). The same numbers with less
+    memory, for about one more forward of those blocks."""
+
+    def _check(self) -> None:
+        allowed = ("dit", "llm")
+        odd = [name for name in self.recompute if name not in allowed]
+        require(not odd, "recompute", f"{odd} are not among the allowed values: {', '.join(allowed)}")
+
+
+@dataclass(kw_only=True)
 class TrainConfig(_Section):
     """Everything one training run needs."""
 
@@ -288,6 +303,7 @@ class TrainConfig(_Section):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
     def _check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")

@@ -48,6 +48,7 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
     grouped = cfg.optimizations.grouped_embodiment_gemms
     fields["grouped_embodiment_gemms"] = grouped == "on" or (grouped == "auto" and device.type == "cuda")
     fields["merged_dit_linears"] = merges_dit_linears(cfg, device.type)
+    fields["checkpoint_blocks"] = tuple(cfg.memory.recompute)
     attention = cfg.optimizations.triton_attention
     fields["triton_attention"] = attention == "on" or (attention == "auto" and device.type == "cuda")
     token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")

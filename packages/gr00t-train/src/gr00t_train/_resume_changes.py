@@ -18,7 +18,7 @@ from ._errors import ConfigError
 from ._optimizations import resolve_optimizations
 
 HARMLESS = (
-    "output_dir", "device", "model.checkpoint", "checkpoint.", "logging.", "eval.",
+    "output_dir", "device", "model.checkpoint", "checkpoint.", "logging.", "eval.", "memory.recompute",
     "data.dataset",  # the path: the dataset itself is compared by its fingerprint
     "data.num_workers", "data.prefetch", "data.worker_timeout_s", "data.max_bad_fraction",
     "data.decode_device", "data.augment_backend",
