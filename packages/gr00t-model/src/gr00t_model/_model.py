@@ -203,9 +203,11 @@ class GR00TN16(nn.Module):
 
     # ---------------------------------------------------------------- forward
     def _features(self, batch: Mapping[str, torch.Tensor], prefix: FrozenPrefix | None = None):
-        features, valid, image_mask = self.backbone(
-            batch["input_ids"], batch["attention_mask"], batch["pixel_values"], prefix
-        )
+        if prefix is None:
+            inputs = (batch["input_ids"], batch["attention_mask"], batch["pixel_values"])
+        else:  # the prefix replaces the prompt and the images: a batch of prefix features has neither
+            inputs = (None, None, None)
+        features, valid, image_mask = self.backbone(*inputs, prefix)
         return self.action_head.features(features, valid, image_mask)
 
     def frozen_prefix(self, batch: Mapping[str, torch.Tensor]) -> FrozenPrefix | None:
@@ -216,6 +218,53 @@ class GR00TN16(nn.Module):
             return self.backbone.frozen_prefix(
                 batch["input_ids"], batch["attention_mask"], batch["pixel_values"]
             )
+
+    PREFIX_KEYS = ("hidden", "valid", "image_mask")
+    """The tensors of `prefix_features`: LLM hidden states [B, S, D] after the frozen layers, the valid-token
+    mask [B, S] bool and the image-token mask [B, S] bool."""
+
+    @torch.no_grad()
+    def prefix_features(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The frozen part's output as plain tensors (`PREFIX_KEYS`), without gradients: what an offline cache
+        stores once per sample. The frozen part is the vision tower, connector, token embeddings and the
+        leading LLM layers that read no trainable weight (`frozen_depth`; with `tune_top_llm_layers=0` every
+        kept layer, the final norm excepted). ValueError when nothing is frozen before the first trainable
+        weight (tune_visual or tune_llm)."""
+        prefix = self.frozen_prefix(batch)
+        if prefix is None:
+            raise ValueError(
+                "no frozen prefix: the vision tower, connector or token embeddings train "
+                f"(tune_visual={self.config.tune_visual}, tune_llm={self.config.tune_llm})"
+            )
+        return {"hidden": prefix.hidden, "valid": prefix.valid, "image_mask": prefix.image_mask}
+
+    def frozen_depth(self) -> int | None:
+        """How many leading LLM layers `prefix_features` covers (None: nothing is frozen, see there)."""
+        return self.backbone.frozen_depth()
+
+    def forward_from_prefix(
+        self,
+        features: Mapping[str, torch.Tensor],
+        batch: Mapping[str, torch.Tensor],
+        noise: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """`forward` continued from `prefix_features(batch)` (e.g. read back from a cache): the trainable
+        part and the loss. The batch needs only state, action, action_mask and embodiment_id; the result
+        equals `forward(batch, noise, t)` when the features are unchanged."""
+        return self.forward(batch, noise, t, prefix=self.prefix_from_features(features))
+
+    def prefix_from_features(self, features: Mapping[str, torch.Tensor]) -> FrozenPrefix:
+        """The `FrozenPrefix` that `forward(..., prefix=)` takes, from `prefix_features`' tensors."""
+        depth = self.backbone.frozen_depth()
+        if depth is None:
+            raise ValueError("no frozen prefix to continue from: the vision side or the embeddings train")
+        missing = [key for key in self.PREFIX_KEYS if key not in features]
+        if missing:
+            raise KeyError(f"prefix features are missing {missing}; they have {sorted(features)}")
+        return FrozenPrefix(
+            features["hidden"], features["valid"].bool(), features["image_mask"].bool(), depth
+        )
 
     def forward(
         self,
