@@ -11,6 +11,7 @@ from typing import Literal
 from ._config_types import Section as _Section
 from ._config_types import require
 from ._optimizations import OptimizationsConfig
+from ._prefix_cache_config import PrefixCacheConfig
 
 
 @dataclass(kw_only=True)
@@ -63,6 +64,8 @@ class DataConfig(_Section):
     """Episodes held out of training for validation (eval.every): a whole number (>= 1) of episodes, or a
     fraction in (0, 1) of the dataset's episodes, rounded down; 0 = none. The held-out episodes are spread
     evenly over the dataset's episode order (deterministic: the same for every run of the dataset)."""
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
+    """Train from stored features of the frozen prefix instead of video (`_prefix_cache_config.py`)."""
 
     def _check(self) -> None:
         val = self.val_episodes
