@@ -19,6 +19,8 @@ from ._lazy import lazy_exports
 _EXPORTS = {
     "LeRobotDataset": ".dataset",
     "DatasetMeta": ".dataset",
+    "MixtureDataset": ".dataset",
+    "MixtureMember": ".dataset",
     "dataset_stats": ".dataset",
     "available_backends": ".decode",
     "open_reader": ".decode",
@@ -63,6 +65,8 @@ __all__ = [
     "ImageTransformConfig",
     "LeRobotDataset",
     "MissingExtraError",
+    "MixtureDataset",
+    "MixtureMember",
     "Pipeline",
     "PipelineConfig",
     "VideoDecodeError",
@@ -99,7 +103,7 @@ if TYPE_CHECKING:
     )
     from ._user_cache import user_cache_dir
     from .augment import ImageAugment, ImageTransformConfig
-    from .dataset import DatasetMeta, LeRobotDataset, dataset_stats
+    from .dataset import DatasetMeta, LeRobotDataset, MixtureDataset, MixtureMember, dataset_stats
     from .decode import available_backends, check_dataset, open_reader
     from .pipeline import EpochSampler, Pipeline, PipelineConfig, collate
     from .testing import write_synthetic_dataset

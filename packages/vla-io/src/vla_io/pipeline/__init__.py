@@ -9,8 +9,9 @@ disk ─► L1 level1_workers ─► L2 level2_host ─► L3 level3_device ─�
 `pipeline` (`Pipeline`: iteration, synchronous mode, checkpoints, statistics) starts the three levels
 through `producer`; `handoff` holds what passes between them (bounded queues, failures, wait times).
 Around them: `config` (`PipelineConfig`), `sampler` (`EpochSampler`: the order of samples and their
-seeds), `routing` (which worker loads which samples), `shm` (shared-memory arenas), `skips` (samples that
-cannot be decoded), `collation` (`collate`).
+seeds), `mixture_sampler` (`MixtureSampler`: a mixture's order, member by weight), `routing` (which
+worker loads which samples), `shm` (shared-memory arenas), `skips` (samples that cannot be decoded),
+`collation` (`collate`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ _EXPORTS = {
     "Pipeline": ".pipeline",
     "PipelineConfig": ".config",
     "EpochSampler": ".sampler",
+    "MixtureSampler": ".mixture_sampler",
     "collate": ".collation",
 }
 __all__ = [
     "EpochSampler",
+    "MixtureSampler",
     "Pipeline",
     "PipelineConfig",
     "collate",
@@ -36,5 +39,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from .collation import collate
     from .config import PipelineConfig
+    from .mixture_sampler import MixtureSampler
     from .pipeline import Pipeline
     from .sampler import EpochSampler

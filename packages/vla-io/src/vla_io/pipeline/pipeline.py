@@ -30,7 +30,7 @@ from .skips import SkipLog
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
-_STATE_FIELDS = ("seed", "num_samples", "shuffle", "drop_last", "sample_window")
+_STATE_FIELDS = ("seed", "num_samples", "shuffle", "drop_last", "sample_window", "sampler")
 """What a saved state must share with the pipeline that loads it (world size and batch size may differ)."""
 
 
@@ -86,15 +86,24 @@ class Pipeline:
             )
         self.config, self.dataset = config, dataset
         self.transform, self.device_transform = transform, device_transform
+        own_order = hasattr(dataset, "epoch_sampler")  # a dataset with its own order (MixtureDataset)
+        if own_order and config.sample_window > 1:
+            raise ValueError(f"PipelineConfig.sample_window > 1 is not supported by {type(dataset).__name__}")
         bounds = None
         if config.sample_window > 1:
             if not hasattr(dataset, "episode_bounds"):
                 raise ValueError("PipelineConfig.sample_window > 1 needs a dataset with episode_bounds()")
             bounds = dataset.episode_bounds()
-        self.sampler = EpochSampler(
-            len(dataset), config.batch_size, seed=config.seed, rank=config.rank, world_size=config.world_size,
-            shuffle=config.shuffle, drop_last=config.drop_last, window=config.sample_window, bounds=bounds,
+        options = dict(
+            seed=config.seed, rank=config.rank, world_size=config.world_size, shuffle=config.shuffle,
+            drop_last=config.drop_last,
         )  # fmt: skip
+        if own_order:
+            self.sampler = dataset.epoch_sampler(config.batch_size, **options)
+        else:
+            self.sampler = EpochSampler(
+                len(dataset), config.batch_size, window=config.sample_window, bounds=bounds, **options
+            )
         self.device = pipeline_device(config.device)
         decode_device = str(getattr(dataset, "decode_device", "cpu"))
         if (
@@ -199,6 +208,7 @@ class Pipeline:
             "drop_last": self.config.drop_last,
             "sample_window": self.config.sample_window,
             "skipped_samples": self._skips.count,
+            **({"sampler": self.sampler.describe()} if hasattr(self.sampler, "describe") else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -211,9 +221,10 @@ class Pipeline:
         on every rank, which `drop_last` leaves out of any epoch."""
         mine = self.state_dict()
         for name in _STATE_FIELDS:
-            if name in state and state[name] != mine[name]:
+            # a mixture's sizes and weights ("sampler") must match whichever side records them
+            if (name in state or name == "sampler") and state.get(name) != mine.get(name):
                 raise ValueError(
-                    f"Pipeline state has {name}={state[name]!r}, this pipeline has {mine[name]!r}"
+                    f"Pipeline state has {name}={state.get(name)!r}, this pipeline has {mine.get(name)!r}"
                 )
         epoch, batch = int(state["epoch"]), int(state["batch"])
         start = int(state.get("epoch_start", 0))
