@@ -19,6 +19,8 @@ def _synth(args: argparse.Namespace) -> int:
         for name, value in {
             "version": args.version, "codec": args.codec, "episodes": args.episodes,
             "episode_length": args.length, "image_size": args.image_size, "fps": args.fps, "seed": args.seed,
+            "video_file_size_mb": args.video_file_size_mb, "data_file_size_mb": args.data_file_size_mb,
+            "pool_episodes": args.pool_episodes,
         }.items()
         if value is not None
     }  # fmt: skip
@@ -30,7 +32,7 @@ def _synth(args: argparse.Namespace) -> int:
     if args.grouped_names:
         changes["grouped_names"] = True
     config = SYNTH_PRESETS[args.preset].with_(**changes)
-    root = write_synthetic_dataset(args.path, config, overwrite=args.overwrite)
+    root = write_synthetic_dataset(args.path, config, overwrite=args.overwrite, workers=args.workers)
     print(
         f"wrote {config.episodes} episodes ({sum(config.lengths())} frames, {config.version}, {config.codec}) to {root}"
     )
@@ -115,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--no-stats", action="store_true", help="no statistics files (stats.json etc.)")
     synth.add_argument(
         "--grouped-names", action="store_true", help="state/action `names` as named groups of joints"
+    )
+    synth.add_argument(
+        "--video-file-size-mb",
+        type=float,
+        help="v3.0: roll each camera's video file over at this many MiB, as LeRobot does (its default: 200); "
+        "the frames are copied from --pool-episodes encoded episodes",
+    )
+    synth.add_argument(
+        "--data-file-size-mb",
+        type=float,
+        help="with --video-file-size-mb: data file limit in MiB (default 100)",
+    )
+    synth.add_argument(
+        "--pool-episodes", type=int, help="with --video-file-size-mb: distinct encoded episodes (default 16)"
+    )
+    synth.add_argument(
+        "--workers", type=int, help="with --video-file-size-mb: processes (default: one per CPU core)"
     )
     synth.add_argument("--overwrite", action="store_true")
     synth.set_defaults(run=_synth)

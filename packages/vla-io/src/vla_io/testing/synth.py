@@ -60,7 +60,19 @@ class SynthConfig:
     gop: int = 2
     """Keyframe interval in frames (LeRobot uses 2)."""
     episodes_per_file: int = 4
-    """v3.0 only: episodes per data/video file, so small datasets still span several files."""
+    """v3.0 only: episodes per data/video file, so small datasets still span several files (unless
+    `video_file_size_mb` is set)."""
+    video_file_size_mb: float | None = None
+    """v3.0 only: size files as LeRobot does instead of `episodes_per_file`: episodes are appended to a
+    camera's video file until the next one would reach this many MiB (LeRobot's `video_files_size_in_mb`,
+    200 by default), then a new file begins; data files likewise at `data_file_size_mb`. The videos are
+    built fast from `pool_episodes` encoded episodes: episode e shows the frames of pool episode
+    e % pool_episodes (`synth_sized`)."""
+    data_file_size_mb: float = 100.0
+    """v3.0 with `video_file_size_mb`: the size limit of data (parquet) files in MiB (LeRobot's
+    `data_files_size_in_mb`)."""
+    pool_episodes: int = 16
+    """With `video_file_size_mb`: how many distinct episodes are encoded; the others copy their frames."""
     seed: int = 0
     """Seed of the image texture and the smooth state/action curves."""
     modality: bool = True
@@ -77,7 +89,7 @@ class SynthConfig:
             raise ValueError(f"SynthConfig.version must be one of {VERSIONS}, got {self.version!r}")
         if self.codec not in CODECS:
             raise ValueError(f"SynthConfig.codec must be one of {CODECS}, got {self.codec!r}")
-        for name in ("episodes", "episode_length", "fps", "gop", "episodes_per_file"):
+        for name in ("episodes", "episode_length", "fps", "gop", "episodes_per_file", "pool_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SynthConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 1 <= len(self.cameras) <= 16:
@@ -104,17 +116,31 @@ class SynthConfig:
         if not self.tasks:
             raise ValueError("SynthConfig.tasks must name at least one task")
         self.tasks = tuple(self.tasks)
+        if self.video_file_size_mb is not None:
+            if self.version != "v3.0":
+                raise ValueError(
+                    f"SynthConfig.video_file_size_mb sizes v3.0 files; version is {self.version!r}"
+                )
+            for name in ("video_file_size_mb", "data_file_size_mb"):
+                if not getattr(self, name) > 0:
+                    raise ValueError(f"SynthConfig.{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def sized(self) -> bool:
+        """True when v3.0 files are sized by `video_file_size_mb` (and built from a pool of episodes)."""
+        return self.video_file_size_mb is not None
 
     def sizes(self) -> list[tuple[int, int]]:
         """(height, width) of every camera, in `cameras` order."""
         return list(self.camera_sizes or [(self.image_size, self.image_size)] * len(self.cameras))
 
     def lengths(self) -> list[int]:
-        """Length of every episode."""
+        """Length of every episode (sized v3.0: episode e has the length of pool episode e % pool_episodes)."""
         if not self.vary_length:
             return [self.episode_length] * self.episodes
         spread = max(1, self.episode_length // 5)
-        return [max(1, self.episode_length - (e * 7) % spread) for e in range(self.episodes)]
+        period = self.pool_episodes if self.sized else self.episodes
+        return [max(1, self.episode_length - ((e % period) * 7) % spread) for e in range(self.episodes)]
 
     def with_(self, **changes: object) -> SynthConfig:
         """A copy with some fields changed."""
@@ -128,12 +154,18 @@ SYNTH_PRESETS: dict[str, SynthConfig] = {
 
 
 def write_synthetic_dataset(
-    root: str | Path, config: SynthConfig | None = None, overwrite: bool = False, progress: bool = True
+    root: str | Path,
+    config: SynthConfig | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    workers: int | None = None,
 ) -> Path:
     """Write a synthetic LeRobot dataset (v2.0, v2.1 or v3.0 layout, real mp4 files) under `root`.
 
     Besides the LeRobot files it writes `meta/stats.json` and a `meta/modality.json` that names slices of
-    the state and action vectors (unless `stats` / `modality` are off). Returns the root path.
+    the state and action vectors (unless `stats` / `modality` are off). `workers`: processes that encode
+    and write the files of a sized v3.0 dataset (`SynthConfig.video_file_size_mb`; default: one per CPU
+    core; 1 writes in this process). Returns the root path.
     """
     from .synth_content import ContentGenerator
     from .synth_layout import write_layout
@@ -147,6 +179,11 @@ def write_synthetic_dataset(
 
         shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
-    write_layout(root, cfg, ContentGenerator(cfg), progress=progress)
+    if cfg.sized:
+        from .synth_sized import write_sized_v30
+
+        write_sized_v30(root, cfg, progress=progress, workers=workers)
+    else:
+        write_layout(root, cfg, ContentGenerator(cfg), progress=progress)
     log.info("wrote synthetic %s dataset (%d episodes) to %s", cfg.version, cfg.episodes, root)
     return root

@@ -23,14 +23,14 @@ CHUNK_SIZE = 1000
 STATS_EVERY = 5  # image statistics from every 5th frame: enough for a synthetic dataset
 
 
-def _video_key(camera: str) -> str:
+def video_key(camera: str) -> str:
     return f"observation.images.{camera}"
 
 
 def _features(cfg: SynthConfig) -> dict:
     features: dict[str, dict] = {}
     for camera, (height, width) in zip(cfg.cameras, cfg.sizes()):
-        features[_video_key(camera)] = {
+        features[video_key(camera)] = {
             "dtype": "video",
             "shape": [height, width, 3],
             "names": ["height", "width", "channels"],
@@ -69,19 +69,19 @@ def _groups(dim: int, named: list[tuple[str, int, int]], fallback: str) -> list[
     return named if named[-1][2] == dim else [(fallback, 0, dim)]
 
 
-def _modality(cfg: SynthConfig) -> dict:
+def modality_json(cfg: SynthConfig) -> dict:
     """Named slices of the vectors (meta/modality.json), LIBERO-like where the sizes allow it."""
     return {
         "state": {n: {"start": s, "end": e} for n, s, e in _groups(cfg.state_dim, _STATE_GROUPS, "state")},
         "action": {
             n: {"start": s, "end": e} for n, s, e in _groups(cfg.action_dim, _ACTION_GROUPS, "action")
         },
-        "video": {c: {"original_key": _video_key(c)} for c in cfg.cameras},
+        "video": {c: {"original_key": video_key(c)} for c in cfg.cameras},
         "annotation": {"human.task_description": {"original_key": "task_index"}},
     }
 
 
-def _table(columns: dict[str, np.ndarray]) -> pa.Table:
+def arrow_table(columns: dict[str, np.ndarray]) -> pa.Table:
     arrays = {}
     for name, values in columns.items():
         if values.ndim == 2:  # fixed-size vectors, as LeRobot stores them
@@ -92,7 +92,7 @@ def _table(columns: dict[str, np.ndarray]) -> pa.Table:
     return pa.table(arrays)
 
 
-def _write_json(path: Path, data: object, lines: bool = False) -> None:
+def write_json(path: Path, data: object, lines: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if lines:
         path.write_text("".join(json.dumps(row) + "\n" for row in data))  # type: ignore[union-attr]
@@ -105,7 +105,7 @@ class _Collector:
 
     def __init__(self, cfg: SynthConfig) -> None:
         self.rows: list[dict[str, np.ndarray]] = []
-        self.frames: dict[str, list[np.ndarray]] = {_video_key(c): [] for c in cfg.cameras}
+        self.frames: dict[str, list[np.ndarray]] = {video_key(c): [] for c in cfg.cameras}
 
     def frame(self, key: str, frame_index: int, image: np.ndarray) -> None:
         if frame_index % STATS_EVERY == 0:
@@ -123,7 +123,7 @@ def _episode_frames(gen: ContentGenerator, cfg: SynthConfig, cam: int, ep: int, 
         yield f, gen.frame(cam, ep, f, start + f)
 
 
-def _info(cfg: SynthConfig, lengths: list[int]) -> dict:
+def info_json(cfg: SynthConfig, lengths: list[int]) -> dict:
     info = {
         "codebase_version": cfg.version,
         "robot_type": "synthetic",
@@ -143,7 +143,10 @@ def _info(cfg: SynthConfig, lengths: list[int]) -> dict:
         )
     else:
         info.update(
-            data_files_size_in_mb=100, video_files_size_in_mb=200, data_path=V30_DATA, video_path=V30_VIDEO
+            data_files_size_in_mb=cfg.data_file_size_mb,
+            video_files_size_in_mb=cfg.video_file_size_mb or 200,  # LeRobot's defaults: 100 and 200 MiB
+            data_path=V30_DATA,
+            video_path=V30_VIDEO,
         )
     info["features"] = _features(cfg)
     return info
@@ -161,11 +164,11 @@ def write_layout(root: Path, cfg: SynthConfig, gen: ContentGenerator, progress: 
         _write_v21(root, cfg, gen, lengths, starts, collector, episodes)
     else:
         _write_v30(root, cfg, gen, lengths, starts, collector, episodes)
-    _write_json(root / "meta/info.json", _info(cfg, lengths))
+    write_json(root / "meta/info.json", info_json(cfg, lengths))
     if cfg.stats:
-        _write_json(root / "meta/stats.json", stats_to_json(collector.stats()))
+        write_json(root / "meta/stats.json", stats_to_json(collector.stats()))
     if cfg.modality:
-        _write_json(root / "meta/modality.json", _modality(cfg))
+        write_json(root / "meta/modality.json", modality_json(cfg))
 
 
 def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
@@ -176,12 +179,12 @@ def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
         collector.rows.append(rows)
         path = root / V21_DATA.format(episode_chunk=chunk, episode_index=ep)
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(_table(rows), path)
+        pq.write_table(arrow_table(rows), path)
         ep_stats = {
             k: feature_stats(v.reshape(len(v), -1) if v.ndim == 1 else v, False) for k, v in rows.items()
         }
         for cam_i, (cam, (height, width)) in enumerate(zip(cfg.cameras, cfg.sizes())):
-            key = _video_key(cam)
+            key = video_key(cam)
             sampled = []
             video = root / V21_VIDEO.format(episode_chunk=chunk, video_key=key, episode_index=ep)
             with VideoWriter(video, cfg.codec, cfg.fps, width, height, cfg.gop) as writer:
@@ -194,11 +197,11 @@ def _write_v21(root, cfg, gen, lengths, starts, collector, episodes) -> None:
         task = cfg.tasks[ep % len(cfg.tasks)]
         episode_rows.append({"episode_index": ep, "tasks": [task], "length": lengths[ep]})
         episode_stats.append({"episode_index": ep, "stats": stats_to_json(ep_stats)})
-    _write_json(root / "meta/episodes.jsonl", episode_rows, lines=True)
+    write_json(root / "meta/episodes.jsonl", episode_rows, lines=True)
     if cfg.stats and cfg.version == "v2.1":  # v2.0 has only the global stats.json
-        _write_json(root / "meta/episodes_stats.jsonl", episode_stats, lines=True)
+        write_json(root / "meta/episodes_stats.jsonl", episode_stats, lines=True)
     tasks = [{"task_index": i, "task": t} for i, t in enumerate(cfg.tasks)]
-    _write_json(root / "meta/tasks.jsonl", tasks, lines=True)
+    write_json(root / "meta/tasks.jsonl", tasks, lines=True)
 
 
 class _V30Files:
@@ -235,12 +238,12 @@ class _V30Files:
             chunk, file = self.where
             path = self.root / V30_DATA.format(chunk_index=chunk, file_index=file)
             path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(_table(merged), path)
+            pq.write_table(arrow_table(merged), path)
             self.rows = []
 
 
 def _write_v30(root, cfg, gen, lengths, starts, collector, episodes) -> None:
-    keys = [_video_key(c) for c in cfg.cameras]
+    keys = [video_key(c) for c in cfg.cameras]
     meta: dict[str, list] = {}
     files = _V30Files(root, cfg, keys)
     for ep in episodes:
@@ -281,10 +284,10 @@ def _write_v30(root, cfg, gen, lengths, starts, collector, episodes) -> None:
     path = root / V30_EPISODES.format(chunk_index=0, file_index=0)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(meta), path)
-    _write_tasks_parquet(root / "meta/tasks.parquet", cfg.tasks)
+    write_tasks_parquet(root / "meta/tasks.parquet", cfg.tasks)
 
 
-def _write_tasks_parquet(path: Path, tasks: tuple[str, ...]) -> None:
+def write_tasks_parquet(path: Path, tasks: tuple[str, ...]) -> None:
     """tasks.parquet as pandas writes a frame indexed by task string (LeRobot reads it with pandas)."""
     pandas_meta = {
         "index_columns": ["task"],
