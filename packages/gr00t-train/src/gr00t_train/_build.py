@@ -11,7 +11,7 @@ from pathlib import Path
 import gr00t_model
 import torch
 
-from . import _data, _gr00t, _validation
+from . import _data, _gr00t, _prefix_cache, _validation
 from ._components.data import build_source
 from ._config import TrainConfig
 from ._distributed import DistEnv
@@ -27,9 +27,15 @@ with, whatever their source (what `infer` normalizes with), and split.json: the 
 def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
     LeRobot-style baseline loader, over the training episodes -> gr00t_model model, loss and random draws;
-    the held-out episodes' samples for validation (data.val_episodes, eval.every)."""
+    the held-out episodes' samples for validation (data.val_episodes, eval.every). A data.mixture: the same
+    per member (`_mixture_build`)."""
+    if cfg.data.mixture:
+        from ._mixture_build import build_mixture_parts
+
+        return build_mixture_parts(cfg, env)
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
     split = _data.plan_split(cfg, plan)  # so does a split that leaves nothing to train on
+    _prefix_cache.check_settings(cfg, env)  # data.prefix_cache: settings a cache cannot serve
     facts = _gr00t.start_facts(cfg)  # random weights or the test tokenizer on a large preset: said now
     tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
     model = _gr00t.build_model(cfg, env.device, tokenizer)
@@ -39,7 +45,10 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     processor = _data.make_processor(data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len)
     vlm_tokens = processor.config.vlm_seq_len
     flops, tokens = _gr00t.flops_and_tokens(model.config, len(data.camera_keys), vlm_tokens)
-    source = build_source(cfg, env, data, processor, check_first=model.validate_batch)
+    cache = _prefix_cache.open_cache(cfg, env, model, data, processor)  # None unless data.prefix_cache is on
+    source = (
+        cache.source if cache else build_source(cfg, env, data, processor, check_first=model.validate_batch)
+    )
     log.info(
         "model %s (%.1f M trainable parameters), %d camera(s) %s, %d VLM tokens, action chunk %d; "
         "%d samples per epoch; state %s, action %s (groups from %s)",
@@ -59,6 +68,8 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     parts.validation = _validation.load_held_out(cfg, env, data, processor, model)
     parts.base = _gr00t.base_weights(model)
     parts.facts = {**facts, "validation_split": split.facts()}
+    if cache is not None:  # batches, loss and MFU's FLOPs from the stored features
+        cache.apply(parts, model, len(data.camera_keys), vlm_tokens)
     return parts
 
 

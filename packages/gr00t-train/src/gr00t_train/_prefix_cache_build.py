@@ -1,0 +1,128 @@
+"""Building a prefix cache: the frozen prefix run once over every training sample and augmentation variant.
+
+vla-io's pipeline reads the training episodes in dataset order (no shuffle, every sample, the last batch
+short), the GR00T processor and the image transform run as in training, and `GR00TN16.prefix_features`
+computes the features, which go into a `FeatureStore` row by row, with the processor's state, action and ids
+of each sample. Variant k is the pipeline's epoch k: each sample's random crop and color jitter come from
+its `sample_seed`, a function of (seed, k, the sample's index), so a rebuild repeats them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _data
+from ._config import TrainConfig
+from ._errors import DataError
+from ._prefix_cache_store import FeatureStore, quantize
+
+log = logging.getLogger(__name__)
+
+PER_SAMPLE = ("state", "action", "action_mask", "embodiment_id", "episode_index", "frame_index")
+"""What a cached batch carries besides the features (what the trainable part and the loop's checks read)."""
+
+
+def build_store(
+    cfg: TrainConfig, model, data, processor, device: torch.device, meta: dict[str, Any], folder: Path | None,
+    progress: bool,
+) -> tuple[FeatureStore, float]:  # fmt: skip
+    """The features of every sample of `data` (x variants) in a FeatureStore at `folder` (None: in host
+    memory); returns it and the seconds the build took."""
+    import vla_io
+
+    settings = cfg.data.prefix_cache
+    variants, count = settings.variants, len(data.dataset)
+    batch_size = min(settings.build_batch_size or cfg.data.batch_size, count)
+    augment = _data.image_transform(
+        processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
+    )
+    pipeline = vla_io.Pipeline(
+        data.dataset,
+        batch_size,
+        transform=_data.host_transform(data, processor),
+        device_transform=augment,
+        num_workers=cfg.data.num_workers,
+        prefetch_per_worker=cfg.data.prefetch,
+        seed=cfg.seed,
+        shuffle=False,
+        drop_last=False,
+        device=str(device),
+        timeout_s=cfg.data.worker_timeout_s,
+        **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
+    )
+    started = time.perf_counter()
+    store = None
+    bar = _bar(variants * count, progress)
+    try:
+        for variant in range(variants):  # the pipeline's epoch k is variant k
+            done = 0
+            for batch in pipeline:
+                rows = slice(done, done + batch["state"].shape[0])
+                if store is None:
+                    model.validate_batch(batch)  # the first batch: keys, shapes, image-token counts
+                features = model.prefix_features(batch)
+                if store is None:
+                    meta["layout"] = _layout(meta, features, batch, count)
+                    store = FeatureStore.create(meta, folder)
+                stored, scale = quantize(features["hidden"], settings.dtype)
+                store.write("hidden", rows, stored, variant)
+                if scale is not None:
+                    store.write("scale", rows, scale, variant)
+                if variant == 0:
+                    store.write("valid", rows, features["valid"])
+                    store.write("image_mask", rows, features["image_mask"])
+                    for key in PER_SAMPLE:
+                        store.write(key, rows, torch.as_tensor(batch[key]))
+                done = rows.stop
+                bar.update(rows.stop - rows.start)
+            if done != count:
+                raise DataError(
+                    f"prefix cache: the pipeline delivered {done} of {count} samples of {data.root}"
+                )
+    except vla_io.VlaIoError as err:
+        raise DataError(f"prefix cache: cannot read dataset {data.root} (data.dataset): {err}") from err
+    finally:
+        pipeline.close()
+        bar.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return store, time.perf_counter() - started
+
+
+def _layout(meta: dict, features: dict, batch: dict, count: int) -> dict[str, tuple[list[int], str]]:
+    """name -> ([shape], torch dtype name) of every array, from the first batch."""
+    variants = meta["variants"]
+    hidden = features["hidden"]
+    length, width = hidden.shape[1], hidden.shape[2]
+    stored = {"bf16": "bfloat16", "fp32": "float32", "fp8": "uint8"}[meta["dtype"]]
+    layout = {"hidden": ([variants, count, length, width], stored)}
+    if meta["dtype"] == "fp8":
+        layout["scale"] = ([variants, count, length], "float32")
+    layout["valid"] = ([count, length], "bool")
+    layout["image_mask"] = ([count, length], "bool")
+    for key in PER_SAMPLE:
+        value = torch.as_tensor(batch[key])
+        layout[key] = ([count, *value.shape[1:]], str(value.dtype).removeprefix("torch."))
+    meta["hidden_dtype"] = str(hidden.dtype).removeprefix("torch.")
+    return {name: (list(shape), dtype) for name, (shape, dtype) in layout.items()}
+
+
+def _bar(total: int, progress: bool):
+    """A progress bar over the samples x variants to compute (a no-op one when progress is off)."""
+    if not progress:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sample", desc="prefix cache", dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, _: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
