@@ -42,6 +42,7 @@ WORKER_MODULES = (
     "_workers_errors",
     "_workers_edge_cases",
     "_workers_in_place",
+    "_workers_state",
 )
 
 

@@ -327,15 +327,16 @@ class DistributedAdamW(torch.optim.Optimizer):
             if master is not shard:
                 shard.copy_(master)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, on_device: bool = False, keep: Callable | None = None) -> dict[str, Any]:
         """Full, unsharded state keyed by parameter name (a collective: every rank must call it; every rank
-        gets the same result, on CPU). Loadable at any world size and bucket size."""
+        gets the same result, on CPU). Loadable at any world size and bucket size. `on_device` / `keep`:
+        the entries left on the device, or what `keep` makes of each (see _state.gather_state_dict)."""
         self._model.finish_param_sync()
         self._refresh_masters()
         if self.flat is not None:
             self.flat.sync_masters()
             self.flat.write_steps()
-        return gather_state_dict(self)
+        return gather_state_dict(self, on_device=on_device, keep=keep)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a `state_dict()` saved at any world size; also sets the parameters to the saved fp32 master

@@ -3,10 +3,17 @@
 Saving all-gathers every bucket's shard of the fp32 master weights and of each AdamW moment, then cuts
 the gathered bucket back into parameters; loading cuts each saved parameter into this rank's pieces. The
 format knows nothing of buckets, padding or world size, so it reloads under any of them.
+
+At one rank nothing is gathered: each parameter's entries are views of the live master and moment buffers.
+`on_device=True` returns them as they are (or, at more ranks, views of the gathered buckets), for a caller
+that copies them out itself, beside training (gr00t-train's checkpoint staging); the default copies every
+entry to its own CPU tensor. `keep` receives each gathered entry as soon as its bucket is gathered, so the
+gathered buckets need not all be on the device at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +43,8 @@ def _local_steps(opt: DistributedAdamW, position: dict[int, int], device: torch.
         state = opt.state.get(master, {})
         if "step" in state:
             steps[position[piece.slot]] = float(state["step"])
+    if opt._comm.size == 1:  # no device round trip (it would wait for the device)
+        return steps
     steps = steps.to(device)
     opt._comm.all_reduce_now(steps, dist.ReduceOp.MAX)
     return steps.cpu()
@@ -45,7 +54,7 @@ def _gather_bucket(opt: DistributedAdamW, bucket: int, key: str) -> torch.Tensor
     """The whole bucket's fp32 values of `key` ('master' or a moment), assembled from every rank's shard."""
     master = opt.masters[bucket]
     if key == "master":
-        shard = master.clone()
+        shard = master  # read by the gather only
     else:
         shard = torch.zeros_like(master)
         for piece_bucket, piece, piece_master in opt.pieces:
@@ -57,26 +66,58 @@ def _gather_bucket(opt: DistributedAdamW, bucket: int, key: str) -> torch.Tensor
     return full
 
 
-def gather_state_dict(opt: DistributedAdamW) -> dict[str, Any]:
+def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to("cpu", copy=True)  # its own storage, whatever the device
+
+
+def _whole_at_one_rank(opt: DistributedAdamW) -> bool:
+    """Whether every stepped parameter is one piece of this rank's shard (one rank: nothing to gather)."""
+    layout = opt._model.layout
+    return opt._comm.size == 1 and all(
+        piece.param_start == 0 and piece.numel == layout.slots[piece.slot].numel for _, piece, _ in opt.pieces
+    )
+
+
+def gather_state_dict(
+    opt: DistributedAdamW,
+    *,
+    on_device: bool = False,
+    keep: Callable[[torch.Tensor], Any] | None = None,
+) -> dict[str, Any]:
+    """The full, per-parameter state (a collective at more than one rank). Entries are CPU copies; with
+    `on_device`, device tensors that alias the optimizer's buffers at one rank (copy them before the next
+    step changes them) and views of the gathered buckets at more; `keep` maps each such entry, as soon as it
+    exists, to what the state holds instead."""
     layout = opt._model.layout
     slots = _optimizer_slots(opt)
     position = {slot: i for i, slot in enumerate(slots)}
     steps = _local_steps(opt, position, opt.masters[0].device)
     shapes = {i: p.shape for i, p in enumerate(opt._model._params)}
     keys = ["master"] + (_moment_keys(opt) if bool((steps >= 0).any()) else [])
-    state: dict[str, dict[str, torch.Tensor]] = {layout.slots[s].name: {} for s in slots}
-    for bucket, spec in enumerate(layout.buckets):
-        members = [s for s in spec.slots if s in position]
-        if not members:
-            continue
-        for key in keys:
-            full = _gather_bucket(opt, bucket, key).cpu()
-            for slot in members:
-                if key != "master" and steps[position[slot]] < 0:
+    state: dict[str, dict[str, Any]] = {layout.slots[s].name: {} for s in slots}
+    finish = keep or ((lambda t: t) if on_device else _to_cpu)
+    if _whole_at_one_rank(opt):
+        for _, piece, master in opt.pieces:
+            entry, saved = state[layout.slots[piece.slot].name], opt.state.get(master, {})
+            for key in keys:
+                if key != "master" and steps[position[piece.slot]] < 0:
                     continue
-                where = layout.slots[slot]
-                offset = where.start - spec.start
-                state[where.name][key] = full[offset : offset + where.numel].view(shapes[slot]).clone()
+                live = master if key == "master" else saved.get(key, torch.zeros_like(master))
+                entry[key] = finish(live.view(shapes[piece.slot]))
+    else:
+        for bucket, spec in enumerate(layout.buckets):
+            members = [s for s in spec.slots if s in position]
+            if not members:
+                continue
+            for key in keys:
+                full = _gather_bucket(opt, bucket, key)
+                for slot in members:
+                    if key != "master" and steps[position[slot]] < 0:
+                        continue
+                    where = layout.slots[slot]
+                    offset = where.start - spec.start
+                    state[where.name][key] = finish(full[offset : offset + where.numel].view(shapes[slot]))
+                del full  # with `keep`, only what it holds stays on the device
     for slot in slots:
         if steps[position[slot]] >= 0:
             state[layout.slots[slot].name]["step"] = torch.tensor(
