@@ -10,6 +10,7 @@ from typing import Literal
 
 from ._config_types import Section as _Section
 from ._config_types import require
+from ._mixture import MixtureEntry, check_mixture
 from ._optimizations import OptimizationsConfig
 from ._prefix_cache_config import PrefixCacheConfig
 
@@ -21,6 +22,10 @@ class DataConfig(_Section):
     dataset: str = ""
     """Root folder of a LeRobot dataset (v2.0, v2.1 or v3.0; GR00T's meta/modality.json is optional). It is
     only read: statistics it lacks are computed once and cached in vla-io's user cache folder."""
+    mixture: list[MixtureEntry] | None = None
+    """Several datasets in one run instead of `dataset`: a list of entries (dataset, weight, cameras,
+    embodiment_tag, state_keys, action_keys, modality_file, name), each sampled by its weight and normalized
+    with its own statistics; the per-dataset keys of this section stay unset. See the README (Mixtures)."""
     cameras: list[str] | None = None
     """Camera (video) keys to feed the model, in order (full keys, or names without `observation.images.`,
     or modality.json's names); None = every camera of the dataset. Any sizes and aspect ratios."""
@@ -68,6 +73,7 @@ class DataConfig(_Section):
     """Train from stored features of the frozen prefix instead of video (`_prefix_cache_config.py`)."""
 
     def _check(self) -> None:
+        check_mixture(self)
         val = self.val_episodes
         require(
             val >= 0 and (val < 1 or float(val).is_integer()),

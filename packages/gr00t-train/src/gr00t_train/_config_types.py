@@ -52,6 +52,15 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
         item_type = args[0] if args else Any
         out = [coerce(v, item_type, f"{name}[{i}]") for i, v in enumerate(items)]
         return tuple(out) if origin is tuple else out
+    if dataclasses.is_dataclass(hint):  # a section inside a list (data.mixture's entries)
+        if isinstance(value, hint):
+            return value
+        from ._config_io import config_from_dict
+
+        try:
+            return config_from_dict(hint, value)
+        except ConfigError as err:
+            raise err.within(name) from None
     if hint is Any:
         return value
     if hint is bool:

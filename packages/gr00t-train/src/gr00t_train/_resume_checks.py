@@ -25,6 +25,7 @@ from ._dataset_fingerprint import differences, fingerprint, meta_digest, read_fi
 from ._distributed import device_type
 from ._errors import ConfigError
 from ._gr00t import merges_dit_linears
+from ._mixture import mixture_fingerprint
 from ._resize import check_resize
 from ._resume_changes import Change, config_changes, unknown_keys
 from ._schedule import CosineSchedule
@@ -124,6 +125,9 @@ def _check_schedule(
 
 def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], fresh: str) -> None:
     """The dataset the checkpoint recorded, at its path or moved: compared by content, not by path."""
+    if cfg.data.mixture:
+        _check_same_mixture(path, cfg, fresh)
+        return
     now = cfg.data.dataset
     before = _dotted(_saved_config(path), "data.dataset")
     if not now:
@@ -148,6 +152,22 @@ def _check_same_dataset(path: Path, cfg: TrainConfig, state: dict[str, Any], fre
         f"position in that dataset's sample order and its normalization. Restore the dataset (or resume on "
         f"an unchanged copy). {fresh}",
     )
+
+
+def _check_same_mixture(path: Path, cfg: TrainConfig, fresh: str) -> None:
+    """Every data.mixture member's content as the checkpoint recorded it (the entries themselves, paths
+    included, are compared as settings)."""
+    recorded = read_fingerprint(path)
+    if recorded is None:
+        return  # a checkpoint of another kind of run: its config differs, which is refused on its own
+    what = differences(recorded, mixture_fingerprint(cfg.data.mixture))
+    if what is not None:
+        raise ConfigError(
+            "data.mixture",
+            f"the datasets are not those {path} was trained on: {what}. Resuming continues the checkpoint's "
+            f"position in the mixture's sample order and each dataset's normalization. Restore the datasets. "
+            f"{fresh}",
+        )
 
 
 def _check_same_layout(path: Path, cfg: TrainConfig, fresh: str) -> None:

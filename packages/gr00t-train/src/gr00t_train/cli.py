@@ -57,9 +57,10 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = _resolve(args)
     args.resolved = cfg  # main's error messages look at its checkpoint folder
-    if not cfg.data.dataset:
+    if not cfg.data.dataset and not cfg.data.mixture:
         raise ConfigError(
-            "data.dataset", "no dataset given; pass --set data.dataset=PATH (a LeRobot dataset)"
+            "data.dataset",
+            "no dataset given; pass --set data.dataset=PATH (a LeRobot dataset), or data.mixture in a config file",
         )
     summary = run_training(cfg)
     if summary is not None:
@@ -109,8 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     args.overrides = ["checkpoint.existing_run=overwrite", *args.overrides]  # rows are throwaway runs
     cfg = _resolve(args)
-    if not cfg.data.dataset:
-        raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH")
+    if not cfg.data.dataset and not cfg.data.mixture:
+        raise ConfigError("data.dataset", "no dataset given; pass --set data.dataset=PATH (or data.mixture)")
     rows = [int(r) for r in args.rows.split(",")] if args.rows else None
     if args.baseline_runs < 1:
         raise ConfigError("--baseline-runs", f"must be >= 1, got {args.baseline_runs}")

@@ -24,9 +24,10 @@ from .._base import describe as describe_base
 from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
 from .._config import TrainConfig
 from .._config_io import config_to_dict, read_config_file
-from .._dataset_fingerprint import fingerprint, meta_digest, write_fingerprint
+from .._dataset_fingerprint import meta_digest, write_fingerprint
 from .._distributed import DistEnv
 from .._errors import CheckpointError
+from .._mixture import run_fingerprint
 from .._parts import TrainParts
 from .._resize import resize_records, resized_data_state, stream_seed
 from .._resume_changes import as_records, config_changes
@@ -71,8 +72,8 @@ class CheckpointComponent:
         self.checkpointer.run_id = run_id
         self.checkpointer.abandon.clear()
         self.checkpointer.remove_partial()
-        if self.cfg.data.dataset and self.env.is_main:
-            self._dataset = fingerprint(self.cfg.data.dataset)
+        if self.env.is_main:  # the dataset's, or every data.mixture member's
+            self._dataset = run_fingerprint(self.cfg)
         if self.parts.base is not None and self.env.is_main:
             started = time.perf_counter()
             self._base = describe_base(self.parts.base.path)

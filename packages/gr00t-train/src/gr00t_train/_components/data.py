@@ -55,29 +55,34 @@ class DataComponent:
 
 
 def build_source(
-    cfg: TrainConfig, env: DistEnv, data, processor, check_first: Callable[[Batch], None] | None = None
-) -> BatchSource:
+    cfg: TrainConfig, env: DistEnv, data, processor, check_first: Callable[[Batch], None] | None = None,
+    **mixture: Any,
+) -> BatchSource:  # fmt: skip
     """The BatchSource of `optimizations.data` over `data` (a `_data.TrainingData`), with `processor` (the
-    model's) turning samples into model inputs; `check_first` sees the first batch."""
+    model's) turning samples into model inputs; `check_first` sees the first batch. A mixture
+    (`_mixture_build`) passes its own `dataset`, host `transform` and `wrap_images` (around the image step)."""
     if cfg.optimizations.data == "dataloader":  # the ablation ladder's first row
         from .._baselines import LeRobotStyleSource
 
         return LeRobotStyleSource(cfg, data, processor, env, check_first=check_first)
-    return _data.PipelineSource(_pipeline(cfg, env, data, processor), check_first=check_first)
+    return _data.PipelineSource(_pipeline(cfg, env, data, processor, **mixture), check_first=check_first)
 
 
-def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
+def _pipeline(
+    cfg: TrainConfig, env: DistEnv, data, processor, dataset=None, transform=None, wrap_images=None
+):  # fmt: skip
     """vla-io's pipeline: workers decode, the processor runs on the host thread, augmentation on the device."""
     import vla_io
 
     augment = _data.image_transform(
         processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
     )
+    dataset = data.dataset if dataset is None else dataset
     pipeline = vla_io.Pipeline(
-        data.dataset,
+        dataset,
         cfg.data.batch_size,
-        transform=_data.host_transform(data, processor),
-        device_transform=augment,
+        transform=_data.host_transform(data, processor) if transform is None else transform,
+        device_transform=augment if wrap_images is None else wrap_images(augment),
         num_workers=cfg.data.num_workers,
         prefetch_per_worker=cfg.data.prefetch,
         seed=cfg.seed,
@@ -93,7 +98,7 @@ def _pipeline(cfg: TrainConfig, env: DistEnv, data, processor):
     if len(pipeline) == 0:
         pipeline.close()
         raise DataError(
-            f"data.batch_size: dataset {data.root} has {len(data.dataset)} samples, fewer than one batch of "
+            f"data.batch_size: dataset {data.root} has {len(dataset)} samples, fewer than one batch of "
             f"{cfg.data.batch_size} per rank on {env.world_size} rank(s)"
         )
     log.info(

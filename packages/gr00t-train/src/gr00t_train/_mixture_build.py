@@ -1,0 +1,61 @@
+"""TrainParts of a `data.mixture` run: `_build.build_parts`'s steps with every member opened as its own
+dataset (`_mixture_data`), one processor per member, and one pipeline over the mixture."""
+
+from __future__ import annotations
+
+import logging
+
+import gr00t_model
+
+from . import _gr00t, _mixture_data, _validation
+from ._build import model_parts
+from ._components.data import build_source
+from ._config import TrainConfig
+from ._distributed import DistEnv
+from ._mixture import member_config
+from ._parts import TrainParts
+
+log = logging.getLogger(__name__)
+
+
+def build_mixture_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
+    """Members' metadata, features and splits (before the model) -> the model -> the members opened, their
+    processors and the mixture pipeline; validation scores the first member's held-out episodes."""
+    plans = _mixture_data.plan_mixture(cfg)  # metadata only: a member that cannot be used stops here
+    facts = _gr00t.start_facts(cfg)
+    tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
+    model = _gr00t.build_model(cfg, env.device, tokenizer)
+    mix = _mixture_data.open_mixture(plans, model_horizon=model.config.action_horizon, progress=env.is_main)
+    processors = _mixture_data.attach_processors(mix, model.config, tokenizer, cfg.model.vlm_seq_len)
+    first, cameras = mix.members[0], len(mix.members[0].camera_keys)
+    vlm_tokens = processors[0].config.vlm_seq_len
+    flops, tokens = _gr00t.flops_and_tokens(model.config, cameras, vlm_tokens)
+    source = build_source(
+        cfg, env, first, processors[0], check_first=model.validate_batch,
+        dataset=mix.dataset, transform=_mixture_data.host_rows,
+        wrap_images=lambda augment: _mixture_data.MixtureImages(augment, mix),
+    )  # fmt: skip
+    for entry, member, weight, sizes in zip(mix.entries, mix.members, mix.dataset.weights, mix.frame_sizes):
+        log.info(
+            "mixture member %s: %s, weight %.3f, %d samples, embodiment %s, cameras %s %s, state %s, action %s",
+            entry.label, member.root, weight, len(member.dataset), entry.embodiment_tag, member.camera_keys,
+            sizes, list(member.features.modality["state"]), list(member.features.modality["action"]),
+        )  # fmt: skip
+    log.info(
+        "model %s, %d camera slot(s)%s, %d VLM tokens, action chunk %d; %d samples per epoch from %d datasets",
+        cfg.model.preset, cameras, "" if mix.uniform_frames else f" (padded to {mix.canvases})", vlm_tokens,
+        first.horizon, len(mix.dataset), len(mix.members),
+    )  # fmt: skip
+    save = lambda module, folder: _mixture_data.save_mixture_meta(module, folder, mix)  # noqa: E731
+    parts = model_parts(cfg, env, model, source, save, flops, tokens)
+    parts.validation = _validation.load_held_out(member_config(cfg, 0), env, first, processors[0], model)
+    parts.base = _gr00t.base_weights(model)
+    parts.facts = {
+        **facts,
+        "validation_split": {e.label: m.split.facts() for e, m in zip(mix.entries, mix.members) if m.split},
+        "mixture": [
+            {"name": e.label, "dataset": str(m.root), "weight": float(w), "samples": len(m.dataset)}
+            for e, m, w in zip(mix.entries, mix.members, mix.dataset.weights)
+        ],
+    }
+    return parts
