@@ -282,11 +282,23 @@ class MemoryConfig(_Section):
     """Trainable blocks whose activations are recomputed in the backward instead of kept (activation
     checkpointing): dit (the DiT's blocks), llm (the trainable language-model layers). The same numbers with less
     memory, for about one more forward of those blocks."""
+    budget_gib: float | None = None
+    """Device memory per GPU the run must fit in, in GiB; None = no planning (the settings as given). With a
+    budget the trainer predicts the peak of the model it will build and adds, cheapest first, the techniques
+    that make it fit: recompute dit, 8-bit AdamW moments (where vla-overlap offers them), recompute llm, then
+    smaller microbatches with optim.grad_accum keeping the effective batch. It logs its choice and the
+    predicted peak per component before the first step, the measured peak after it, and stops (exit 2) when
+    nothing fits. Settings you give (memory.recompute, memory.adam_moments, optim.grad_accum) are kept."""
+    adam_moments: Literal["auto", "fp32", "int8"] = "auto"
+    """AdamW's two moments in fp32, or block-wise quantized to 8 bits (ZeRO-1's DistributedAdamW, where the
+    installed vla-overlap offers it); auto = fp32, or int8 where memory.budget_gib needs it."""
 
     def _check(self) -> None:
         allowed = ("dit", "llm")
         odd = [name for name in self.recompute if name not in allowed]
         require(not odd, "recompute", f"{odd} are not among the allowed values: {', '.join(allowed)}")
+        budget = self.budget_gib
+        require(budget is None or budget > 0, "budget_gib", f"must be > 0 GiB or none, got {budget}")
 
 
 @dataclass(kw_only=True)

@@ -16,6 +16,7 @@ from ._checkpoint import Checkpointer
 from ._config import TrainConfig
 from ._distributed import DistEnv, init_distributed, shutdown_distributed
 from ._errors import DataError, PeerLostError, TrainingInterrupted
+from ._memory_budget import apply_memory_cap, plan_for_budget
 from ._metrics import RunSummary
 from ._optimizations import resolve_optimizations
 from ._peers import Lost, PeerWatch, looks_like_lost_peer, one_line, store_endpoint
@@ -47,6 +48,8 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     if env.is_main:
         log.info("%s", line)
     request_zero_gemm_workspace(cfg)  # before anything can call cuBLAS (torch 2.11 reads it once)
+    apply_memory_cap(env.device)  # $GR00T_TRAIN_MEMORY_CAP_GIB: benchmarks emulating a smaller card
+    cfg, memory_plan = plan_for_budget(cfg, env)  # memory.budget_gib: techniques chosen, peak predicted
     if env.device.type == "cpu":
         share_cpu_cores(cfg)
     progress = _Progress()
@@ -62,7 +65,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         try:
             parts = build_parts(cfg, env)
             progress.trainer = trainer = Trainer(cfg, parts, env)
-            trainer.started_at = started
+            trainer.started_at, trainer.memory_plan = started, memory_plan
             summary = _fit(trainer, cfg, env.rank)  # fit() gets the same claim back
         finally:
             run.release()

@@ -99,6 +99,9 @@ class Trainer:
         self.startup_s: float | None = None
         """Seconds from `started_at` to the end of the first step: process group, model, data, compilation,
         graph capture (a resume's loading included)."""
+        self.memory_plan = None
+        """memory.budget_gib's plan (`_memory_budget.MemoryPlan`, set by run_training): the measured peak
+        after step 1 is logged beside its prediction and both go into summary.json."""
         self.step_callback: Callable[[], None] | None = None
         """Called after every step (e.g. a profiler's step())."""
         self.out_dir = Path(cfg.output_dir)
@@ -245,6 +248,8 @@ class Trainer:
             torch.cuda.synchronize(self.env.device)
         now = time.perf_counter()
         self.first_step_s = now - started
+        if self.memory_plan is not None:
+            self.memory_plan.after_first_step(self.env)
         if self.started_at is not None:
             self.startup_s = now - self.started_at
 
@@ -253,14 +258,17 @@ class Trainer:
         """What a report states beside the summary: MFU's peak, start-up, memory, graphs, compiled blocks."""
         cuda = self.env.device.type == "cuda"
         report = self.model.graphed_step.report
+        peak = torch.cuda.max_memory_allocated(self.env.device) / 2**30 if cuda else None
+        plan = self.memory_plan
         return {
+            **({"memory_plan": plan.facts(peak)} if plan is not None else {}),
             "peak_tflops": self.metrics.peak_tflops,
             "first_step_s": self.first_step_s,
             "startup_s": self.startup_s,
             "capture_s": report.capture_seconds,
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,
-            "peak_memory_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if cuda else None,
+            "peak_memory_gib": peak,
             **self.parts.facts,
         }
 
