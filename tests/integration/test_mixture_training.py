@@ -167,7 +167,7 @@ def _losses(run) -> list[float]:
 
 
 @pytest.mark.slow
-def test_a_mixture_run_resumes_bit_for_bit_and_refuses_a_changed_member(tmp_path, roots) -> None:
+def test_a_mixture_run_resumes_bit_for_bit_and_refuses_a_changed_member(tmp_path, roots, capsys) -> None:
     arm2 = tmp_path / "arm2"
     shutil.copytree(roots["arm2"], arm2)
     config = _config_file(tmp_path, roots, arm2=arm2)
@@ -192,4 +192,42 @@ def test_a_mixture_run_resumes_bit_for_bit_and_refuses_a_changed_member(tmp_path
 
     stats_file = arm2 / "meta" / "stats.json"
     stats_file.write_text(stats_file.read_text().replace("1", "2", 1))
-    assert main([*args, "--resume", str(step3)]) == 2  # refused, naming the member's file
+    capsys.readouterr()
+    assert main([*args, "--resume", str(step3)]) == 2  # refused before the model is built
+    said = capsys.readouterr()
+    assert "data.mixture: the datasets are not those" in said.err + said.out
+    assert "2-arm2/meta/stats.json" in said.err + said.out
+
+
+@pytest.mark.gpu
+def test_a_mixture_trains_on_the_gpu_through_the_grouped_gemms(tmp_path, roots) -> None:
+    """The default fast path on CUDA (grouped embodiment GEMMs, graphs, the device image step per dataset for
+    cameras of other sizes): losses finite, and of the projector tables only the two embodiments' rows move
+    (weight decay 0 in the demo preset: an untouched row stays as it was, bit for bit)."""
+    from gr00t_train._build import build_parts
+
+    cfg = gr00t_train.load_config(
+        _config_file(tmp_path, roots),
+        overrides=[
+            f"output_dir={tmp_path / 'gpu'}",
+            "device=cuda",
+            "steps=8",
+            "logging.progress=false",
+            "logging.plots=false",
+            "optimizations.grouped_embodiment_gemms=on",
+        ],  # fmt: skip
+    )
+    env = gr00t_train.init_distributed("cuda")
+    try:
+        parts = build_parts(cfg, env)
+        before = [t.detach().clone() for t in _gr00t.embodiment_tables(parts.model)]
+        trainer = gr00t_train.Trainer(cfg, parts, env)
+        summary = trainer.fit()
+        after = [t.detach().clone() for t in _gr00t.embodiment_tables(parts.model)]
+    finally:
+        gr00t_train.shutdown_distributed(env)
+    assert parts.model.config.grouped_embodiment_gemms
+    assert summary.final_loss == summary.final_loss and summary.final_loss < 100  # finite
+    for old, new in zip(before, after):
+        moved = {s for s in range(old.shape[0]) if not torch.equal(old[s], new[s])}
+        assert moved == set(SLOTS.values()), (tuple(old.shape), moved)
