@@ -19,7 +19,7 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import Checkpointer, CheckpointError, Trainer
-from gr00t_train._staging import stage
+from gr00t_train._staging import Staging
 
 STANDINS = Path(__file__).with_name("standins.py")
 
@@ -27,12 +27,14 @@ STANDINS = Path(__file__).with_name("standins.py")
 def test_staged_copies_do_not_follow_the_originals() -> None:
     live = torch.arange(4.0)
     tree = {"a": live, "b": [live, (1, "x")], "c": 3}
-    staged, ready = stage(tree)
-    ready()
+    staging = Staging(torch.device("cpu"))
+    staging.begin()
+    staged = staging.copy(tree)
+    staging.finish()()
     live.add_(10)
     assert torch.equal(staged["a"], torch.arange(4.0)) and torch.equal(staged["b"][0], torch.arange(4.0))
     assert staged["b"][1] == (1, "x") and staged["c"] == 3
-    kept, _ = stage({"a": live}, fresh_cpu=True)  # made for this save (ZeRO-1's gathered state): not copied
+    kept = staging.copy({"a": live}, fresh_cpu=True)  # made for this save: not copied
     assert kept["a"] is live
 
 

@@ -34,7 +34,7 @@ from .._resume_changes import as_records, config_changes
 from .._rng import rng_state, seed_everything, set_rng_state
 from .._run_checks import check_weights_finite
 from .._schedule import CosineSchedule
-from .._staging import stage
+from .._staging import Staging, expected_bytes
 from .._weights import WEIGHTS, ModelView, elsewhere, plan_weights, read_record
 from .data import DataComponent
 from .model import ModelComponent
@@ -65,6 +65,9 @@ class CheckpointComponent:
         self.saves = SaveLog()
         """This session's saves: the loop's stall, write seconds and bytes, failures (summary.json)."""
         self._inflight: BackgroundWrite | None = None
+        self.staging = Staging(env.device)
+        """Host copies of a save's state, into a pool reused by every save (`_staging`)."""
+        self._update_hook = None
 
     def start(self, run_id: str | None) -> None:
         """A run starts: checkpoints are written as `run_id`'s; its interrupted saves are removed; the
@@ -74,6 +77,7 @@ class CheckpointComponent:
         self.checkpointer.remove_partial()
         if self.env.is_main:  # the dataset's, or every data.mixture member's
             self._dataset = run_fingerprint(self.cfg)
+        self._prepare_staging()
         if self.parts.base is not None and self.env.is_main:
             started = time.perf_counter()
             self._base = describe_base(self.parts.base.path)
@@ -104,28 +108,22 @@ class CheckpointComponent:
             trainer_state[DATASET_FINGERPRINT] = meta_digest(self._dataset)
         if self.resume_changes:
             trainer_state["resume_changes"] = self.resume_changes
-        rank_state, ready_rank = stage({"rng": rng_state(self.env.device), "data": self.data.state_dict()})
-        optimizer = self.model.optimizer
-        # ZeRO-1's state_dict is a collective (every rank) that returns fresh host copies; torch's AdamW
-        # returns its live state, which is copied
-        optimizer_state, ready_optimizer = stage(
-            optimizer.state_dict(), fresh_cpu=isinstance(optimizer, vla_overlap.DistributedAdamW)
-        )
-        model_tensors, ready_model, record = {}, lambda: None, None
+        staging = self.staging
+        staging.begin()
+        rank_state = staging.copy({"rng": rng_state(self.env.device), "data": self.data.state_dict()})
+        optimizer_state = self._stage_optimizer()
+        model_tensors, record = {}, None
         if self.env.is_main:  # only rank 0 writes the model
             plan = plan_weights(self.parts.model, self.parts.base, optimizer_state)
             state = self.parts.model.state_dict()
-            model_tensors, ready_model = stage({k: state[k] for k in plan.written})
+            model_tensors = staging.copy({k: state[k] for k in plan.written})
             record = plan.record(self._base)
+        ready = staging.finish()  # the writer waits for the copies; the next update does too
 
         def write_model(folder: Path) -> None:
             self.parts.save_model(ModelView(self.parts.model, model_tensors), folder)
             (folder / WEIGHTS).write_text(json.dumps(record, indent=1) + "\n")
             write_fingerprint(self._dataset, folder)
-
-        def ready() -> None:
-            for wait in (ready_rank, ready_optimizer, ready_model):
-                wait()
 
         config = config_to_dict(self.cfg)
         self.checkpointer.begin(step)  # a barrier: rank 0 made the temporary folder
@@ -153,12 +151,54 @@ class CheckpointComponent:
                 "checkpoint %s: the loop stalled %.3f s, the files are written in the background",
                 final.name, self.saves.stall_s[-1],
             )  # fmt: skip
+        if staging.pool.grown:
+            log.info("checkpoint %s: %.2f GB of host memory allocated for its copies (reused by later saves)",
+                     final.name, staging.pool.grown / 1e9)  # fmt: skip
         return final
+
+    def _stage_optimizer(self) -> dict:
+        """The optimizer state in host memory (rank 0; the other ranks take part in ZeRO-1's gather only). Its
+        tensors are copied beside the next step, which its update waits for (`Staging.before_update`)."""
+        optimizer, staging = self.model.optimizer, self.staging
+        if isinstance(optimizer, vla_overlap.DistributedAdamW) and self.env.world_size > 1:
+            # a collective: every rank gathers each bucket; rank 0 copies it out as soon as it is gathered
+            keep = staging.keep if self.env.is_main else (lambda tensor: None)
+            state = optimizer.state_dict(keep=keep)
+            return staging.copy(state, fresh_cpu=True) if self.env.is_main else {}
+        if isinstance(optimizer, vla_overlap.DistributedAdamW):
+            state = optimizer.state_dict(on_device=True)  # views of the live masters and moments
+        elif self.env.is_main:
+            state = optimizer.state_dict()  # torch's AdamW: its live state
+        else:
+            return {}
+        # only the update changes "state"; the rest (param_groups: plain values) is copied in order
+        return {key: staging.copy(value, guarded=key == "state") for key, value in state.items()}
+
+    def _prepare_staging(self) -> None:
+        """At a run's start: the optimizer's updates wait for a save's copies still reading their state, and
+        the host memory of the copies is reserved in the background, before the first save needs it."""
+        if self._update_hook is None:
+            self._update_hook = self.model.optimizer.register_step_pre_hook(self.staging.before_update)
+        if self.env.is_main and (self.cfg.checkpoint.every > 0 or self.cfg.checkpoint.save_final):
+            optimizer = self.model.optimizer
+            zero1 = isinstance(optimizer, vla_overlap.DistributedAdamW)
+            total = expected_bytes(optimizer) * (self.env.world_size if zero1 else 1)
+            self.staging.pool.reserve_in_background(total)
+
+    def _release_staging(self) -> None:
+        """The run ended: the pool's memory is freed and the updates no longer wait for saves."""
+        if self._update_hook is not None:
+            self._update_hook.remove()
+            self._update_hook = None
+        self.staging.close()
 
     def wait(self) -> None:
         """Wait for the write in flight (the final save, a stop, the end of the run): its failure raises
         CheckpointError on every rank, whatever checkpoint.on_error says (no later save would follow)."""
-        self._settle(final=True)
+        try:
+            self._settle(final=True)
+        finally:
+            self._release_staging()
 
     def abandon(self) -> None:
         """The run failed: a write in flight stops waiting for other ranks' parts and is given the time to
@@ -171,6 +211,7 @@ class CheckpointComponent:
                 "waiting for the checkpoint of step %d to be written (Ctrl-C: leave without it)", write.step
             )
             write.join(self.checkpointer.rank_timeout_s)
+        self._release_staging()
 
     def _settle(self, final: bool = False) -> None:
         """Wait for the write in flight and agree on its outcome on every rank (rank 0 knows it: it publishes

@@ -1,0 +1,115 @@
+"""Host memory that checkpoint staging copies into: allocated once, reused by every save, freed at the end.
+
+Pinning host memory is slow (cudaHostAlloc pins page by page: seconds for n1.6-3b's 19.4 GB of optimizer
+state), so the pool is not allocated per save. It is a list of chunks (pinned on CUDA, so device-to-host
+copies run asynchronously at full PCIe speed; plain memory on CPU); `reserve_in_background` fills it at
+start-up from an estimate, beside training. A save takes its slots in order (`rewind`, then `take`): the
+next free place of the current chunk, else the next chunk with room, else a new chunk. The same sequence
+of tensors therefore lands in the same places every save.
+
+Each slot is a tensor with a storage of its own, exactly its bytes (a NumPy view of the chunk made into a
+tensor): torch.save writes each tensor, never the chunk around it, and safetensors sees no shared storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 256 << 20
+"""Bytes of one chunk (a power of two: torch's pinned allocator rounds up to one); a larger tensor gets a
+chunk of its own."""
+ALIGN = 4096
+"""Slots start at multiples of this many bytes (page-aligned copies)."""
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def nbytes(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of a contiguous tensor of `shape` and `dtype`."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    return numel * torch.empty((), dtype=dtype).element_size()
+
+
+class HostPool:
+    """Chunks of (pinned) host memory and the slots a save takes from them (see the module docstring)."""
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self._chunks: list[torch.Tensor] = []  # uint8, one storage each
+        self._arrays: list = []  # NumPy views of the chunks: slots are cut from these
+        self._at = (0, 0)  # (chunk, byte offset) of the next slot
+        self._lock = threading.Lock()
+        self._reserving: threading.Thread | None = None
+        self.grown = 0
+        """Bytes allocated by `take` since the last `rewind`: a save that outgrew the reservation (in the loop)."""
+
+    @property
+    def capacity(self) -> int:
+        """Bytes held."""
+        return sum(chunk.numel() for chunk in self._chunks)
+
+    def _allocate(self, size: int) -> None:
+        chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        self._chunks.append(chunk)
+        self._arrays.append(chunk.numpy())
+
+    def reserve(self, total: int) -> None:
+        """Hold at least `total` bytes in chunks."""
+        with self._lock:
+            while self.capacity < total:
+                self._allocate(min(CHUNK_BYTES, max(ALIGN, 1 << (total - self.capacity - 1).bit_length())))
+
+    def reserve_in_background(self, total: int) -> None:
+        """`reserve(total)` in a daemon thread (pinning is slow; the loop goes on); `take` waits for it."""
+        self.join()
+
+        def run() -> None:
+            try:
+                self.reserve(total)
+            except Exception as err:  # noqa: BLE001 - the first save allocates what is missing instead
+                log.warning("could not reserve %.1f GB of host memory for checkpoints: %s", total / 1e9, err)
+
+        self._reserving = threading.Thread(target=run, name="gr00t-train-host-pool", daemon=True)
+        self._reserving.start()
+
+    def join(self) -> None:
+        """Wait for a reservation in progress."""
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+
+    def rewind(self) -> None:
+        """A save starts: its slots are taken from the start again (the previous save's write has ended)."""
+        self.join()
+        self._at, self.grown = (0, 0), 0
+
+    def take(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The next slot: a contiguous tensor of `shape` and `dtype` in a storage of its own (its contents
+        are whatever the slot held before)."""
+        size = nbytes(shape, dtype)
+        need = _round_up(size, ALIGN)
+        with self._lock:
+            chunk, offset = self._at
+            while chunk < len(self._chunks) and offset + need > self._chunks[chunk].numel():
+                chunk, offset = chunk + 1, 0
+            if chunk == len(self._chunks):
+                self._allocate(max(CHUNK_BYTES, 1 << max(need - 1, 0).bit_length()) if need else CHUNK_BYTES)
+                self.grown += self._chunks[-1].numel()
+            self._at = (chunk, offset + need)
+            raw = torch.from_numpy(self._arrays[chunk][offset : offset + size])
+        return raw.view(dtype).view(shape)
+
+    def close(self) -> None:
+        """Free every chunk (pinned chunks go back to torch's pinned-memory cache)."""
+        self.join()
+        with self._lock:
+            self._chunks, self._arrays, self._at = [], [], (0, 0)
