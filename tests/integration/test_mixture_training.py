@@ -189,6 +189,10 @@ def test_a_mixture_run_resumes_bit_for_bit_and_refuses_a_changed_member(tmp_path
 
     assert main([*args, "--resume", str(step3)]) == 0
     assert _losses(out) == reference  # bit for bit
+    # infer on one member normalizes with that member's statistics (dataset_meta/1-humanoid/)
+    infer = ["infer", "--checkpoint", str(out / "checkpoints"), "--batches", "1", "--batch-size", "2"]
+    assert main([*infer, "--dataset", str(roots["humanoid"])]) == 0
+    assert main([*infer, "--dataset", str(tmp_path)]) == 2  # none of the members
 
     stats_file = arm2 / "meta" / "stats.json"
     stats_file.write_text(stats_file.read_text().replace("1", "2", 1))

@@ -21,6 +21,7 @@ from ._distributed import resolve_device
 from ._errors import DataError
 from ._export import is_export
 from ._manifest import check_manifest
+from ._mixture import member_of
 from ._restore import BaseError, load_pretrained
 from ._validation import ActionErrors, action_columns, mean_action
 
@@ -111,6 +112,10 @@ def evaluate(
 
     folder = find_checkpoint(checkpoint)
     cfg = config_from_dict(TrainConfig, read_config_file(folder / TRAIN_CONFIG))
+    meta_dir = folder / DATASET_META
+    if cfg.data.mixture:  # a mixture's checkpoint: the entry of `dataset`, with its own statistics
+        cfg, member = member_of(cfg, dataset)
+        meta_dir = meta_dir / member
     cfg.data.dataset = str(dataset)
     dev = resolve_device(device)
     try:  # a checkpoint's base and optimizer masters resolved (`_restore.py`)
@@ -123,7 +128,7 @@ def evaluate(
         ) from err
     tokenizer = gr00t_model.load_tokenizer(cfg.model.tokenizer)
     data = _data.open_dataset(
-        cfg, model_horizon=model.config.action_horizon, progress=False, meta_dir=folder / DATASET_META
+        cfg, model_horizon=model.config.action_horizon, progress=False, meta_dir=meta_dir
     )
     processor = _data.make_processor(
         data, model.config, tokenizer, vlm_seq_len=cfg.model.vlm_seq_len, image_mode="torch"

@@ -91,6 +91,20 @@ def member_config(cfg: Any, index: int) -> Any:
     return dataclasses.replace(cfg, data=data)
 
 
+def member_of(cfg: Any, dataset: str | Path) -> tuple[Any, str]:
+    """For a mixture run's checkpoint read on one dataset (infer): the entry's single-dataset config and its
+    dataset_meta/ subfolder; the entry whose dataset is `dataset` (same folder), else DataError listing them."""
+    wanted = Path(dataset).resolve()
+    for i, entry in enumerate(cfg.data.mixture):
+        if Path(entry.dataset).resolve() == wanted:
+            return member_config(cfg, i), f"{i}-{entry.label}"
+    listed = ", ".join(entry.dataset for entry in cfg.data.mixture)
+    raise DataError(
+        f"{dataset} is none of the datasets this mixture checkpoint was trained on ({listed}): each normalizes "
+        "with its own statistics; pass one of them"
+    )
+
+
 def member_error(err: Exception, index: int, entry: MixtureEntry) -> Exception:
     """An error of a member's single-dataset view, re-pointed at its mixture entry."""
     where = f"data.mixture[{index}]"
