@@ -1,0 +1,264 @@
+"""memory.budget_gib: the predictor against the real tensors of a tiny run, the activation table against a
+fresh saved-tensor count, the chooser's decisions, its refusal, the start-up block and summary.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import gr00t_model
+import gr00t_train
+import pytest
+import torch
+from gr00t_model import GR00TN16, GR00TConfig
+from gr00t_train import ConfigError, Trainer
+from gr00t_train import _gr00t as adapter
+from gr00t_train import _memory_budget as budget
+from gr00t_train._memory_activations import SAVED_PER_UNIT, count_saved_per_sample, shapes_of
+from gr00t_train._memory_plan import GiB, predict, state_bytes
+from gr00t_train._optimizations import resolve_optimizations
+
+CPU = torch.device("cpu")
+
+
+def _cfg(tmp_path, *overrides):
+    base = gr00t_train.load_config(
+        preset="demo",
+        overrides=[
+            "device=cpu", f"output_dir={tmp_path / 'run'}", "logging.progress=false", "logging.plots=false",
+            "data.batch_size=2", "checkpoint.save_final=false",
+        ],
+    )  # fmt: skip
+    cfg = gr00t_train.apply_overrides(base, list(overrides))
+    return resolve_optimizations(cfg, CPU)[0]
+
+
+class Source:
+    def __init__(self, config, batch_size):
+        self.batch = gr00t_model.make_dummy_batch(config, batch_size, num_images=2, seed=0)
+
+    def __next__(self):
+        return dict(self.batch, episode_index=torch.zeros(self.batch["state"].shape[0], dtype=torch.long))
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def timings(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("comm", ["zero1_overlap", "overlap"])
+def test_states_are_the_trained_tensors_bytes(tmp_path, env, comm) -> None:
+    """Weights, masters, moments and gradient buffers predicted from the model equal, byte for byte, what
+    the trainer allocated after a step (ZeRO-1 buffers and shards, or torch AdamW's per-parameter state)."""
+    cfg = _cfg(tmp_path, "steps=1", f"optimizations.comm={comm}")
+    tokenizer = gr00t_model.load_tokenizer(None)
+    model = adapter.build_model(cfg, CPU, tokenizer)
+    predicted = state_bytes(model, cfg, world_size=1, device_type="cpu", moments="fp32")
+    parts = gr00t_train.TrainParts(
+        model=model, loss_fn=adapter.gr00t_loss, data=Source(model.config, 2),
+        save_model=adapter.save_model, load_model=adapter.load_model_in_place,
+        draw=adapter.make_draw(model, 2, CPU), flops_per_sample=1.0, tokens_per_sample=1.0,
+    )  # fmt: skip
+    trainer = Trainer(cfg, parts, env)
+    trainer.fit()
+    wrapper, optimizer = trainer.comm.module, trainer.comm.optimizer
+    moments = {}
+    for state in optimizer.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            moments[state[key].untyped_storage().data_ptr()] = state[key].untyped_storage().nbytes()
+    grads = sum(t.numel() * t.element_size() for t in wrapper._grads.data)
+    if comm == "zero1_overlap":
+        weights = sum(t.numel() * t.element_size() for t in wrapper._gather.data)
+        shards = [wrapper._gather.shard_view(b) for b in range(len(optimizer.masters))]
+        masters = sum(
+            m.numel() * m.element_size()
+            for m, s in zip(optimizer.masters, shards)
+            if m.data_ptr() != s.data_ptr()
+        )
+    else:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        masters = 0
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    frozen += sum(b.numel() * b.element_size() for b in model.buffers())
+    assert predicted == {
+        "frozen_weights": frozen, "trainable_weights": weights, "masters": masters,
+        "moments": sum(moments.values()), "gradients": grads,
+    }  # fmt: skip
+    assert predicted["moments"] > 0 and predicted["gradients"] > 0
+
+
+def _tiny(**fields):
+    torch.manual_seed(0)
+    config = GR00TConfig.preset("tiny", llm_intermediate_size=192, **fields)
+    model = GR00TN16(config).train()
+
+    def loss_at(batch: int) -> torch.Tensor:
+        inputs = gr00t_model.make_dummy_batch(config, batch, num_images=2, seed=0)
+        noise = torch.randn(batch, config.action_horizon, config.max_action_dim)
+        t = model.action_head.sample_time(batch, CPU)
+        return model(inputs, noise=noise, t=t)["loss"]
+
+    return model, loss_at
+
+
+@pytest.mark.parametrize("horizon", [16, 8])
+def test_activation_table_matches_a_fresh_saved_tensor_count(horizon) -> None:
+    """The table's constants predict what autograd saves per sample in every kind of block (eager fp32 on a
+    CPU, counted again here), at the horizon they were counted at and at another (the tokens scale)."""
+    from gr00t_train._memory_activations import activation_bytes, block_elements, mask_bytes
+
+    model, loss_at = _tiny(action_horizon=horizon)
+    counted = count_saved_per_sample(model, loss_at)
+    shapes = shapes_of(model, 2, None)
+    per = block_elements(shapes, SAVED_PER_UNIT)
+    masks = mask_bytes(shapes, model.config.dit_ff_mult, model.config.dit_dropout)
+    for kind in ("dit_self", "dit_cross", "llm"):
+        # self and llm within 2%: the table rounds the counts to 0.1 element per unit. Cross blocks within 5%:
+        # on a CPU their masked attention keeps its probabilities (heads x action x VL tokens), which the
+        # table folds into the context term counted at horizon 16 (at 8: 3% fewer)
+        assert per[kind] * 4 == pytest.approx(counted[kind], rel=0.05 if kind == "dit_cross" else 0.02)
+    # the rest: the VLM- and action-token parts fitted over both horizons, so 10%
+    assert per["rest"] * 4 + masks == pytest.approx(counted["rest"], rel=0.10)
+    blocks = counted["dit_self"] * shapes.dit_self_blocks + counted["dit_cross"] * shapes.dit_cross_blocks
+    total = blocks + counted["llm"] * shapes.llm_layers + counted["rest"]
+    assert activation_bytes(shapes, 1, (), 4, masks=masks) == pytest.approx(total, rel=0.05)
+
+
+def test_recomputed_blocks_keep_their_inputs() -> None:
+    """With dit and llm recomputed, the forward keeps what the table's recomputed_* entries say (counted
+    outside the blocks: torch.utils.checkpoint saves their inputs), far less than without."""
+    from gr00t_train._memory_activations import block_elements, mask_bytes
+
+    model, loss_at = _tiny(checkpoint_blocks=("dit", "llm"))
+    counted = count_saved_per_sample(model, loss_at)
+    shapes = shapes_of(model, 2, None)
+    assert counted["dit_self"] == counted["dit_cross"] == counted["llm"] == 0
+    inputs = 4 * (
+        (shapes.dit_self_blocks + shapes.dit_cross_blocks)
+        * SAVED_PER_UNIT["recomputed_dit"] * shapes.action_tokens * shapes.dit_width
+        + shapes.llm_layers * SAVED_PER_UNIT["recomputed_llm"] * shapes.vlm_tokens * shapes.llm_width
+    )  # fmt: skip
+    rest = block_elements(shapes)["rest"] * 4 + mask_bytes(shapes, 4, model.config.dit_dropout)
+    assert inputs + rest == pytest.approx(counted["rest"], rel=0.10)
+
+
+def _planned(tmp_path, budget_gib, *overrides, world_size=1):
+    cfg = _cfg(tmp_path, "model.preset=n1.6-3b", "data.batch_size=16", *overrides)
+    if budget_gib is not None:
+        cfg = gr00t_train.apply_overrides(cfg, [f"memory.budget_gib={budget_gib}"])
+    env = SimpleNamespace(device=CPU, world_size=world_size, is_main=True)
+    return budget.plan_for_budget(cfg, env)
+
+
+def _predicted_gib(tmp_path, *overrides) -> float:
+    cfg = _cfg(tmp_path, "model.preset=n1.6-3b", "data.batch_size=16", *overrides)
+    model, shapes = budget.meta_model(cfg, CPU)
+    return predict(model, cfg, world_size=1, device_type="cpu", shapes=shapes).total / GiB
+
+
+def test_the_chooser_adds_techniques_cheapest_first(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    plain = _predicted_gib(tmp_path)
+    dit = _predicted_gib(tmp_path, "memory.recompute=[dit]")
+    both = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]")
+    assert plain > dit > both
+    assert _planned(tmp_path, None) == (_planned(tmp_path, None)[0], None)  # no budget: no plan
+    cfg, plan = _planned(tmp_path, plain / budget.HEADROOM + 0.1)
+    assert plan.techniques == [] and cfg.memory.recompute == []
+    cfg, plan = _planned(tmp_path, (dit + plain) / 2 / budget.HEADROOM)
+    assert plan.techniques == ["recompute dit"] and cfg.memory.recompute == ["dit"]
+    cfg, plan = _planned(tmp_path, (both + dit) / 2 / budget.HEADROOM)
+    assert plan.techniques == ["recompute dit", "recompute llm"] and cfg.memory.recompute == ["dit", "llm"]
+    assert (cfg.data.batch_size, cfg.optim.grad_accum) == (16, 1)
+    assert plan.prediction.total <= budget.HEADROOM * plan.budget_gib * GiB
+
+
+def test_int8_moments_come_before_recomputing_the_llm(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: True)
+    zero1 = "optimizations.comm=zero1_overlap"  # the sharded optimizer holds the moments
+    dit = _predicted_gib(tmp_path, "memory.recompute=[dit]", zero1)
+    cfg, plan = _planned(tmp_path, (dit - 1.0) / budget.HEADROOM, zero1)
+    assert plan.techniques == ["recompute dit", "8-bit AdamW moments"]
+    assert cfg.memory.adam_moments == "int8" and plan.moments == "int8"
+    fp32 = _planned(tmp_path, 1000, zero1)[1].prediction.parts["moments"]
+    assert plan.prediction.parts["moments"] == pytest.approx(fp32 * (2 + 8 / 256) / 8)
+
+
+def test_a_smaller_microbatch_keeps_the_effective_batch(tmp_path, monkeypatch) -> None:
+    """fp32 moments on a CPU model: after both recomputes only the microbatch is left to shrink."""
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    both = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]")
+    two = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]", "data.batch_size=4", "optim.grad_accum=4")
+    assert two < both
+    cfg, plan = _planned(tmp_path, (two + 0.001) / budget.HEADROOM)
+    assert plan.techniques[-1].startswith("microbatch")
+    assert cfg.data.batch_size * cfg.optim.grad_accum == 16 and cfg.optim.grad_accum > 1
+
+
+def test_nothing_fits_names_the_budget(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"memory.budget_gib: 4 GiB per GPU cannot hold this run") as err:
+        _planned(tmp_path, 4)
+    assert "moments" in str(err.value) and "model.lora.rank" in str(err.value)
+
+
+def test_settings_you_gave_are_kept(tmp_path, monkeypatch) -> None:
+    """memory.recompute and optim.grad_accum given: the planner neither adds recomputes nor changes the
+    microbatch, even where it then cannot fit the budget."""
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    given = ("memory.recompute=[llm]", "optim.grad_accum=2")
+    as_set = _predicted_gib(tmp_path, *given)
+    cfg, plan = _planned(tmp_path, (as_set + 0.01) / budget.HEADROOM, *given)
+    assert cfg.memory.recompute == ["llm"] and cfg.optim.grad_accum == 2 and cfg.data.batch_size == 16
+    assert plan.techniques == [] and plan.kept == ["memory.recompute=['llm']", "optim.grad_accum=2"]
+    assert "kept as you set it: optim.grad_accum=2" in plan.block()
+    with pytest.raises(ConfigError, match="memory.budget_gib: .* its smallest plan \\(as set\\)"):
+        _planned(tmp_path, (as_set - 0.5) / budget.HEADROOM, *given)
+
+
+def test_int8_asked_for_without_vla_overlap_support_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    with pytest.raises(ConfigError, match="memory.adam_moments: int8 needs"):
+        _planned(tmp_path, None, "memory.adam_moments=int8")
+
+
+def test_the_start_up_block_and_summary_fields(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    with caplog.at_level(logging.INFO, logger="gr00t_train._memory_budget"):
+        _, plan = _planned(tmp_path, 200)
+    text = caplog.text
+    assert "memory budget 200 GiB (memory.budget_gib): none needed; microbatch 16 x 1" in text
+    for name in ("frozen weights", "trainable weights", "masters", "moments", "gradients", "activations"):
+        assert name in text
+    assert "not used: optimizations.fp8_frozen" in text
+    facts = plan.facts(12.5)
+    assert facts["predicted_gib"]["total"] == pytest.approx(plan.prediction.total / GiB, abs=0.01)
+    assert facts["measured_peak_run_gib"] == 12.5 and facts["measured_peak_step1_gib"] is None
+    assert json.loads(json.dumps(facts)) == facts
+
+
+def test_the_trainer_records_the_plan_in_summary_json(tmp_path, env, monkeypatch) -> None:
+    """A trainer given a plan (run_training sets it) writes it into summary.json as memory_plan."""
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
+    _, plan = _planned(tmp_path, 200)
+    cfg = _cfg(tmp_path, "steps=1")
+    model = adapter.build_model(cfg, CPU, gr00t_model.load_tokenizer(None))
+    parts = gr00t_train.TrainParts(
+        model=model, loss_fn=adapter.gr00t_loss, data=Source(model.config, 2),
+        save_model=adapter.save_model, load_model=adapter.load_model_in_place,
+        draw=adapter.make_draw(model, 2, CPU), flops_per_sample=1.0, tokens_per_sample=1.0,
+    )  # fmt: skip
+    trainer = Trainer(cfg, parts, env)
+    trainer.memory_plan = plan
+    trainer.fit()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["memory_plan"] == json.loads(json.dumps(plan.facts(None)))
+    assert summary["memory_plan"]["predicted_gib"]["total"] > 0
