@@ -156,14 +156,20 @@ class ReaderCache:
         self._readers: OrderedDict[str, VideoReader] = OrderedDict()
         self._inherited: list[OrderedDict[str, VideoReader]] = []  # never closed: see the class doc
         self._pid = os.getpid()
-        self.opened = 0  # how many readers this process has opened (a cache-efficiency statistic)
+        self.opened = 0  # readers this process has opened: more than its files means files were reopened
+        self.evicted = 0  # readers closed to make room (`max_open`)
 
     def _own(self) -> OrderedDict[str, VideoReader]:
         """This process's readers; after a fork, the parent's are set aside (kept, not freed)."""
         if self._pid != os.getpid():
             self._inherited.append(self._readers)
             self._readers, self._pid = OrderedDict(), os.getpid()
+            self.opened = self.evicted = 0  # the counts are per process
         return self._readers
+
+    def stats(self) -> dict[str, int]:
+        """This process's readers: `open` now, `opened` and `evicted` so far."""
+        return {"open": len(self._own()), "opened": self.opened, "evicted": self.evicted}
 
     def get(self, path: str) -> VideoReader:
         """The open reader of `path`, opening it if needed."""
@@ -175,6 +181,7 @@ class ReaderCache:
             readers[path] = reader
             while len(readers) > self.max_open:
                 readers.popitem(last=False)
+                self.evicted += 1
         else:
             readers.move_to_end(path)
         return reader
