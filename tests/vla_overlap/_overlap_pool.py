@@ -43,6 +43,7 @@ WORKER_MODULES = (
     "_workers_edge_cases",
     "_workers_in_place",
     "_workers_state",
+    "_workers_moments8",
 )
 
 

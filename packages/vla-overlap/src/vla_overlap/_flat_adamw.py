@@ -14,7 +14,8 @@ count, so they get a row of their own (their own bias correction), as each param
 in torch's AdamW.
 
 The moments stay visible as the inner torch AdamW's per-parameter state (views into the flat buffers), so
-state dicts, schedulers and inspection work as before. `kernel="triton"` runs on CUDA; `kernel="torch"` is
+state dicts, schedulers and inspection work as before; 8-bit moments (moments="int8", _moments8) are codes and
+scales of the buckets instead, decoded for state dicts (_moments8_state). `kernel="triton"` runs on CUDA; `kernel="torch"` is
 the same arithmetic in torch ops (the reference the Triton kernel is tested against, and the CPU path of the
 tests).
 """
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._flat_adamw_steps import torch_step, triton_step
+from ._moments8 import QBLOCK, allocate
 from ._remainders import decode, encode_
 from ._update_stages import split_by_stage
 
@@ -87,8 +89,10 @@ def flat_supported(opt: DistributedAdamW, kernel: str) -> str | None:
 class FlatAdamW:
     """The flat per-bucket AdamW step of a DistributedAdamW (see the module docstring)."""
 
-    def __init__(self, opt: DistributedAdamW, kernel: str, remainders: bool = False) -> None:
-        self.opt, self.kernel = opt, kernel
+    def __init__(
+        self, opt: DistributedAdamW, kernel: str, remainders: bool = False, moments: str = "fp32"
+    ) -> None:
+        self.opt, self.kernel, self.moments = opt, kernel, moments  # moments: "fp32", or "int8" (_moments8)
         self.masters_behind = False  # remainders: the steps since the masters were last decoded
         gather = opt._model._gather
         self.buckets = []
@@ -127,6 +131,8 @@ class FlatAdamW:
         self.stage_of_slot: dict[int, int] = {}  # set_stages: the update in stages, a fence after each
         self.stage_count, self.on_stage = 1, None
         self.relink()
+        if moments == "int8" and any(flat["align"] != QBLOCK for flat in self.buckets):
+            raise ValueError(f"8-bit moments need parameters and shards at multiples of {QBLOCK} elements")
 
     def relink(self) -> None:
         """Read the step counts, and make the inner AdamW's per-parameter state views into the flat buffers
@@ -148,6 +154,14 @@ class FlatAdamW:
         )
 
     def _link_moments(self) -> None:
+        if self.moments == "int8":  # codes and scales, not in the inner AdamW's state (_moments8_state)
+            fresh = self.buckets[0]["exp_avg"] is None
+            for flat in self.buckets:
+                if flat["exp_avg"] is None:
+                    allocate(flat)
+            for track in self.tracks:
+                self._find_state(track, scan=not fresh)
+            return
         loaded = self._moments_in_state()
         for flat in self.buckets:
             for key in MOMENTS:

@@ -1,5 +1,6 @@
 """FlatAdamW's step of one bucket: `torch_step`, the arithmetic in torch ops (torch AdamW's order of operations;
-the reference the Triton kernel is tested against, and the CPU path), and `triton_step`, the kernel."""
+the reference the Triton kernel is tested against, and the CPU path), and `triton_step`, the kernel. A bucket
+with 8-bit moments (a "exp_avg_scale" entry) goes to _moments8's torch form or its kernel."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ._moments8 import torch_step8
 from ._remainders import decode, encode_
 
 
@@ -14,6 +16,8 @@ def torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | N
                 idle: torch.Tensor | None) -> None:  # fmt: skip
     """The kernel's arithmetic in torch ops (torch AdamW's order of operations), run by run (block by block
     where rows are tracked: an idle block only decays)."""
+    if flat.get("exp_avg_scale") is not None:
+        return torch_step8(flat, table, coef, idle)
     if idle is None:
         pieces = [(start, end, row, False) for start, end, row in flat["runs"]]
     else:  # blocks may run into the zero padding after a parameter, which AdamW keeps at zero
@@ -43,6 +47,12 @@ def torch_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | N
 
 def triton_step(flat: dict[str, Any], table: torch.Tensor, coef: torch.Tensor | None,
                  idle: torch.Tensor | None) -> None:  # fmt: skip
+    if flat.get("exp_avg_scale") is not None:
+        from ._moments8_kernel import adamw8_flat
+
+        return adamw8_flat(flat["master"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"], flat["exp_avg_scale"],
+                           flat["exp_avg_sq_scale"], flat["out"], flat["blocks"], table, coef, idle=idle,
+                           remainder=flat.get("rem"))  # fmt: skip
     from ._flat_adamw_kernel import adamw_flat
 
     adamw_flat(flat["master"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"], flat["out"],

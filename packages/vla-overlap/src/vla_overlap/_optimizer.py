@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._flat_adamw import FlatAdamW, flat_supported
+from ._moments8_state import load_state_dict8, moments_in_state
 from ._state import gather_state_dict, scatter_state_dict
 from ._update_stream import UpdateStream
 from ._wrapper import OverlapDataParallel
@@ -37,7 +38,9 @@ class DistributedAdamW(torch.optim.Optimizer):
     in torch ops, None keeps torch's AdamW. ``remainders=True`` (with the flat step) keeps the fp32 masters of
     bf16 parameters as the parameter plus a 16-bit remainder while stepping (_remainders: 26 bytes moved per
     parameter and step instead of 28; a master at an exact rounding tie moves one fp32 ulp); state dicts
-    still hold the fp32 masters.
+    still hold the fp32 masters. ``moments="int8"`` (with the flat step; "auto" then falls back to "torch"
+    off CUDA) keeps both moments as 8-bit codes with one fp32 scale per 64 elements (_moments8: 2.125 bytes
+    per element instead of 8); state dicts hold them decoded, in fp32 (_moments8_state).
     """
 
     def __init__(
@@ -54,9 +57,12 @@ class DistributedAdamW(torch.optim.Optimizer):
         foreach: bool | None = None,
         flat: str | None = None,
         remainders: bool = False,
+        moments: str = "fp32",
     ) -> None:
         if flat not in ("auto", "triton", "torch", None):
             raise ValueError(f"flat must be 'auto', 'triton', 'torch' or None, got {flat!r}")
+        if moments not in ("fp32", "int8"):
+            raise ValueError(f"moments must be 'fp32' or 'int8', got {moments!r}")
         if not isinstance(model, OverlapDataParallel):
             raise TypeError(
                 f"DistributedAdamW needs an OverlapDataParallel model, got {type(model).__name__}"
@@ -121,12 +127,12 @@ class DistributedAdamW(torch.optim.Optimizer):
         self._clip_coef: torch.Tensor | None = None
         # "auto" leaves an explicit foreach or unfused choice alone
         self.flat = self._make_flat(
-            None if flat == "auto" and (foreach or fused is False) else flat, remainders
+            None if flat == "auto" and (foreach or fused is False) else flat, remainders, moments
         )
-        if remainders and self.flat is None:
-            raise ValueError(
-                "DistributedAdamW(remainders=True) needs the flat step (flat='triton' or 'torch')"
-            )
+        for asked, what in ((remainders, "remainders=True"), (moments == "int8", "moments='int8'")):
+            if asked and self.flat is None:
+                raise ValueError(f"DistributedAdamW({what}) needs the flat step (flat='triton' or 'torch')")
+        self.moments = moments
         if self.flat is None:
             self._widen_grad_shards()
         self._piece_grads = [  # what clipping reads; with torch's AdamW also the pieces' .grad
@@ -182,14 +188,17 @@ class DistributedAdamW(torch.optim.Optimizer):
         self.flat.set_stages(stage_of_slot, len(stages) + 1, updates.mark_stage)
         return True
 
-    def _make_flat(self, flat: str | None, remainders: bool) -> FlatAdamW | None:
-        """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA."""
+    def _make_flat(self, flat: str | None, remainders: bool, moments: str) -> FlatAdamW | None:
+        """The one-pass-per-bucket step (FlatAdamW) when asked for and possible; "auto": Triton on CUDA (else,
+        with 8-bit moments, which only the flat step has, its torch form)."""
         if flat is None:
             return None
         kernel = "triton" if flat == "auto" else flat
         why_not = flat_supported(self, kernel)
+        if why_not is not None and flat == "auto" and moments == "int8":
+            kernel, why_not = "torch", flat_supported(self, "torch")
         if why_not is None:
-            return FlatAdamW(self, kernel, remainders)
+            return FlatAdamW(self, kernel, remainders, moments)
         if flat != "auto":
             raise ValueError(f"DistributedAdamW(flat={flat!r}) cannot run: {why_not}")
         return None
@@ -336,13 +345,19 @@ class DistributedAdamW(torch.optim.Optimizer):
         if self.flat is not None:
             self.flat.sync_masters()
             self.flat.write_steps()
+            if self.moments == "int8":  # decoded one bucket at a time, onto the host: moments are CPU tensors
+                with moments_in_state(self.flat):
+                    return gather_state_dict(self, on_device=on_device, keep=keep)
         return gather_state_dict(self, on_device=on_device, keep=keep)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a `state_dict()` saved at any world size; also sets the parameters to the saved fp32 master
         weights (a collective: every rank must call it)."""
         self._model.finish_param_sync()
-        scatter_state_dict(self, state_dict)
+        if self.moments == "int8":
+            load_state_dict8(self, state_dict)  # encoded bucket by bucket, never all in fp32 on the device
+        else:
+            scatter_state_dict(self, state_dict)
         self._masters_stale = False  # the saved masters are exact; they win over bf16 parameters
         self._share_inner_groups()  # the inner load_state_dict replaced its group list
         if self.flat is not None:
