@@ -1,0 +1,146 @@
+"""memory.budget_gib on one GPU capped to emulate smaller cards: techniques chosen, predicted and measured peak,
+samples/s and MFU per budget, and LoRA's peak.
+
+Each row is its own `gr00t-train train` process (n1.6-3b, effective batch 16, the dataset's two cameras) with
+$GR00T_TRAIN_MEMORY_CAP_GIB capping its CUDA allocator (torch.cuda.set_per_process_memory_fraction) at the
+budget, and memory.budget_gib set to it, so the planner chooses what fits and the cap proves it:
+
+    24, 32, 48     budgeted and capped at that many GiB
+    none           uncapped, the default run (planned against the whole GPU only to record its prediction:
+                   nothing is chosen, so it runs as without a budget)
+    lora           model.lora.rank=32, uncapped, planned the same way
+
+Per row it prints the measured peak (torch.cuda.max_memory_allocated over the run, and after step 1) next to
+the prediction per component, and what the measured peak implies for the activation model: activations and
+workspace measured = peak - predicted states, and GPU_FACTOR (gr00t_train/_memory_activations.py) that
+would have predicted it with the current workspace constant. A budget the planner refuses is a row with its
+error. About 1-1.5 minutes a row on an H200 (compilation, 30 steps).
+
+    python -m vla_io synth /tmp/libero --preset libero --episodes 10 --image-size 256
+    source benchmarks/gpu_env.sh && python benchmarks/memory_budget.py --dataset /tmp/libero \\
+        --json benchmarks/results/memory_budget_h200_<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATES = ("frozen_weights", "trainable_weights", "masters", "moments", "gradients")
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--cameras", default="image,wrist_image")
+    p.add_argument("--rows", default="24,32,48,none,lora", help="budgets in GiB, none, lora")
+    p.add_argument("--batch", type=int, default=16, help="effective batch per GPU")
+    p.add_argument("--lora-rank", type=int, default=32)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10, help="leading steps left out of samples/s")
+    p.add_argument("--out", type=Path, default=Path("/tmp/memory_budget"))
+    p.add_argument("--json", type=Path)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="more settings for every row")  # fmt: skip
+    return p.parse_args()
+
+
+def _gpu_gib() -> float:
+    import torch
+
+    if not torch.cuda.is_available():  # a CPU check of the script (--set model.preset=tiny)
+        return 1024.0
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def _run(args: argparse.Namespace, row: str) -> dict:
+    out = args.out / row
+    lora = row == "lora"
+    budget = None if row in ("none", "lora") else float(row)
+    sets = [
+        f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"data.batch_size={args.batch}",
+        "model.preset=n1.6-3b", f"steps={args.steps}", f"logging.summary_skip={args.warmup}",
+        "logging.progress=false", "logging.plots=false", "eval.every=0", "checkpoint.save_final=false",
+        f"output_dir={out}", f"memory.budget_gib={budget if budget is not None else _gpu_gib():g}",
+        *([f"model.lora.rank={args.lora_rank}"] if lora else []), *args.overrides,
+    ]  # fmt: skip
+    argv = [sys.executable, "-m", "gr00t_train", "train", "--overwrite"]
+    for item in sets:
+        argv += ["--set", item]
+    env = dict(os.environ)
+    env.pop("GR00T_TRAIN_MEMORY_CAP_GIB", None)
+    if budget is not None:
+        env["GR00T_TRAIN_MEMORY_CAP_GIB"] = f"{budget:g}"
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    base = {"row": row, "budget_gib": budget, "lora_rank": args.lora_rank if lora else 0,
+            "process_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+        return {
+            **base,
+            "error": (lines or proc.stderr.splitlines() or ["?"])[-1],
+            "exit_code": proc.returncode,
+        }
+    summary = json.loads((out / "summary.json").read_text())
+    plan = summary["memory_plan"]
+    predicted = plan["predicted_gib"]
+    peak = summary["peak_memory_gib"]  # None on a CPU
+    states = sum(predicted[k] for k in STATES)
+    left = None if peak is None else round(peak - states, 2)
+    return {
+        **base,
+        "techniques": plan["techniques"],
+        "microbatch": plan["microbatch"],
+        "grad_accum": plan["grad_accum"],
+        "adam_moments": plan["adam_moments"],
+        "peak_gib": None if peak is None else round(peak, 2),
+        "peak_step1_gib": plan["measured_peak_step1_gib"],
+        "predicted_gib": predicted["total"],
+        "predicted": predicted,
+        "samples_per_s": summary["samples_per_s"],
+        "mfu": summary["mfu"],
+        "step_ms": 1000 * summary["step_time_s"],
+        "activations_and_workspace_measured_gib": left,
+        "gpu_factor_implied": None if left is None else _implied_factor(left, predicted),
+    }
+
+
+def _implied_factor(measured_gib: float, predicted: dict) -> float | None:
+    """GPU_FACTOR that would have predicted the measured activations, the workspace constant kept."""
+    from gr00t_train._memory_activations import GPU_FACTOR
+
+    eager = predicted["activations"] / GPU_FACTOR
+    return round((measured_gib - predicted["workspace"]) / eager, 3) if eager > 0 else None
+
+
+def main() -> None:
+    args = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for row in args.rows.split(","):
+        rows.append(_run(args, row))
+        print(json.dumps(rows[-1]), flush=True)
+    print(
+        f"\n{'row':<6} {'peak GiB':>8} {'pred GiB':>8} {'samples/s':>9} {'MFU':>6} {'factor':>6}  techniques"
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"{r['row']:<6} refused or failed: {r['error']}")
+            continue
+        chosen = ", ".join(r["techniques"]) or "none"
+        print(f"{r['row']:<6} {r['peak_gib'] or 0:>8.2f} {r['predicted_gib']:>8.2f} {r['samples_per_s']:>9.1f} "
+              f"{100 * (r['mfu'] or 0):>5.1f}% {r['gpu_factor_implied'] or 0:>6.3f}  {chosen} "
+              f"(microbatch {r['microbatch']} x {r['grad_accum']}, moments {r['adam_moments']})")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
