@@ -91,7 +91,7 @@ def plan_data(cfg: TrainConfig, meta_dir: Path | None = None) -> FeatureMap:
     try:
         meta = vla_io.DatasetMeta(root)
     except (FileNotFoundError, KeyError, ValueError, vla_io.VlaIoError) as err:
-        raise DataError(f"cannot use dataset {root} (data.dataset): {err}") from err
+        raise DataError(f"cannot use dataset {root} (data.dataset): {_reason(err)}") from err
     fmap = map_features(cfg, meta, root, modality_file=meta_dir / "modality.json" if meta_dir else None)
     own = meta.stats or {}
     used = fmap.features("state") + fmap.features("action")
@@ -103,8 +103,11 @@ def plan_data(cfg: TrainConfig, meta_dir: Path | None = None) -> FeatureMap:
 def plan_split(cfg: TrainConfig, fmap: FeatureMap) -> EpisodeSplit:
     """The training and held-out episodes of `data.val_episodes` (metadata only; said in one log line).
     DataError naming the setting when no episode would be left to train on."""
-    episodes = [episode.index for episode in fmap.meta.episodes]
+    episodes = [episode.index for episode in fmap.meta.episodes if episode.length > 0]
     split = split_episodes(episodes, cfg.data.val_episodes)
+    # Episodes without frames are never held out (nothing to score); training's reader skips them, warning.
+    empty = [episode.index for episode in fmap.meta.episodes if episode.length == 0]
+    split = EpisodeSplit(sorted(split.train + empty), split.held_out) if empty else split
     log.info("%s", describe_split(split, cfg.data.val_episodes, validates=cfg.eval.every > 0))
     return split
 
@@ -148,7 +151,7 @@ def open_dataset(
             progress=progress,
         )
     except (FileNotFoundError, KeyError, ValueError, vla_io.VlaIoError) as err:
-        raise DataError(f"cannot use dataset {root} (data.dataset): {err}") from err
+        raise DataError(f"cannot use dataset {root} (data.dataset): {_reason(err)}") from err
     cameras = list(dataset.video_keys)  # with no selection: the cameras whose files exist
     if not cameras:
         raise DataError(f"dataset {root} has no videos to feed the model (data.dataset)")
@@ -157,11 +160,19 @@ def open_dataset(
         stats = _read_json(meta_dir / "stats.json")
         source = str(meta_dir)
     else:
-        stats = vla_io.dataset_stats(_all_episodes(dataset, fmap, used), used)
+        try:
+            stats = vla_io.dataset_stats(_all_episodes(dataset, fmap, used), used)
+        except (KeyError, ValueError, vla_io.VlaIoError) as err:  # a held-out episode's file is read here
+            raise DataError(f"cannot use dataset {root} (data.dataset): {_reason(err)}") from err
         source = f"{root / 'meta'} (or statistics computed from its rows)"
     stats = {key: {k: np.asarray(v).tolist() for k, v in stats[key].items()} for key in used if key in stats}
     spec = _spec(cfg, fmap, stats, horizon, source)
     return TrainingData(root, dataset, spec, cameras, horizon, fmap, stats, split)
+
+
+def _reason(err: BaseException) -> str:
+    """An error's message (a KeyError's str() wraps it in quotes)."""
+    return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
 
 
 def _all_episodes(dataset, fmap: FeatureMap, used: list[str]):

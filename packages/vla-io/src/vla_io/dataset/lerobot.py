@@ -14,6 +14,7 @@ from .._errors import DatasetFormatError
 from ..decode.ffmpeg import resolve_backend
 from ..decode.frames import FrameFetcher, FrameRequest
 from ..decode.readers import BACKENDS, ReaderCache
+from ..decode.sizes import camera_sizes
 from ..pipeline.shm import shared_empty, to_shared
 from .meta import DatasetMeta, Episode
 from .table import FrameTable, index_ranges, unknown_task_reason, unknown_task_rows
@@ -83,7 +84,8 @@ class LeRobotDataset:
         readers = ReaderCache(
             max_open_videos, backend=self.video_backend, device=decode_device, seek_mode=seek_mode
         )
-        self._fetcher = FrameFetcher(readers, self.fps, tolerance_s, strict)
+        sizes = camera_sizes(self.meta, self._episodes, self.video_keys, self.video_backend)
+        self._fetcher = FrameFetcher(readers, self.fps, tolerance_s, strict, sizes)
         self.frame_cache: Any = None  # a FrameCache, set by FrameCache.attach
 
     # -- LeRobot-style properties -------------------------------------------------------------------
@@ -243,15 +245,21 @@ class LeRobotDataset:
         return DatasetFormatError(f"{path}: episode {episode}, frame {frame}: {reason}")
 
     def _select_episodes(self, episodes: Sequence[int] | None) -> list[Episode]:
-        if episodes is None:
-            return list(self.meta.episodes)
         known = {e.index: e for e in self.meta.episodes}
-        unknown = [e for e in episodes if e not in known]
+        unknown = [e for e in episodes if e not in known] if episodes is not None else []
         if unknown:
             raise KeyError(
                 f"{self.root}: unknown episodes {unknown[:8]} (the dataset has {len(known)} episodes)"
             )
-        return [known[e] for e in sorted(set(episodes))]
+        chosen = list(self.meta.episodes) if episodes is None else [known[e] for e in sorted(set(episodes))]
+        empty = [e for e in chosen if e.length == 0]
+        if empty:  # no sample can come from them; left in, their files would still be read
+            shown = ", ".join(f"{e.index} ({e.data_path.relative_to(self.root)})" for e in empty[:8])
+            log.warning(
+                "%s: %d episode(s) have no frames (length 0 in the episodes index) and are skipped: %s%s",
+                self.root, len(empty), shown, " ..." if len(empty) > 8 else "",
+            )  # fmt: skip
+        return [e for e in chosen if e.length > 0]
 
     def _resolve_video_keys(self, requested: Sequence[str] | None) -> list[str]:
         declared = self.meta.video_keys

@@ -29,7 +29,8 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarra
                 f"{where}: vector rows of different lengths {sorted(set(lengths.tolist()))}"
             )
         flat = column.flatten().to_numpy(zero_copy_only=False)
-        values = flat.reshape(len(column), int(lengths[0]) if len(lengths) else 0)
+        width = int(lengths[0]) if len(lengths) else getattr(kind, "list_size", 0)  # no rows: the type says
+        values = flat.reshape(len(column), width)
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
         values = np.asarray(column.to_pylist(), dtype=object)
     elif pa.types.is_struct(kind) or pa.types.is_binary(kind):
@@ -94,11 +95,7 @@ class FrameTable:
                 self._read_file(path, [self.episodes[p] for p in positions], positions, skip, strict)
             )
         keys = list(parts[0]) if parts else []
-        for pos, part in parts.items():
-            if list(part) != keys:
-                raise DatasetFormatError(
-                    f"{self.episodes[pos].data_path}: columns {sorted(part)} differ from other files' {sorted(keys)}"
-                )
+        self._check_same_columns(meta, parts)
         self.columns = {k: np.concatenate([parts[p][k] for p in range(len(self.episodes))]) for k in keys}
         lengths = np.array([e.length for e in self.episodes], dtype=np.int64)
         self.ends = np.cumsum(lengths)
@@ -109,6 +106,28 @@ class FrameTable:
 
     def __len__(self) -> int:
         return len(self.row_episode)
+
+    def _check_same_columns(self, meta: DatasetMeta, parts: dict[int, dict[str, np.ndarray]]) -> None:
+        """Every data file must hold the same columns: DatasetFormatError naming the file, episode and
+        column, blaming a file that lacks a declared feature before one that has an undeclared extra."""
+        union = {key for part in parts.values() for key in part}
+        declared = [k for k, f in meta.features.items() if k in union]
+        for pos, part in parts.items():
+            lacking = [k for k in declared if k not in part]
+            if lacking:
+                raise DatasetFormatError(
+                    f"{self.episodes[pos].data_path}: episode {self.episodes[pos].index}: no column "
+                    f"{', '.join(map(repr, lacking))}, which meta/info.json declares and other data files "
+                    "have. `vla-io check` lists every such file"
+                )
+        for pos, part in parts.items():
+            extra = [k for k in part if k not in declared and any(k not in p for p in parts.values())]
+            if extra:
+                raise DatasetFormatError(
+                    f"{self.episodes[pos].data_path}: episode {self.episodes[pos].index}: column "
+                    f"{', '.join(map(repr, extra))}, which other data files lack and meta/info.json does not "
+                    "declare"
+                )
 
     @staticmethod
     def _read_file(

@@ -10,7 +10,9 @@ import torch
 
 from .._errors import DatasetFormatError, FrameTimestampError, VideoDecodeError
 from ..dataset.meta import Episode
+from ..dataset.table import index_ranges
 from .readers import ReaderCache, VideoReader
+from .sizes import Size, size_text
 
 
 @dataclass
@@ -23,10 +25,15 @@ class FrameRequest:
 
 
 class FrameFetcher:
-    """Decodes the frames of requests through a per-process `ReaderCache`, checking every returned time."""
+    """Decodes the frames of requests through a per-process `ReaderCache`, checking every returned time and,
+    where `sizes` names the camera, every frame's size (`decode.sizes`)."""
 
-    def __init__(self, readers: ReaderCache, fps: float, tolerance_s: float, strict: bool) -> None:
+    def __init__(
+        self, readers: ReaderCache, fps: float, tolerance_s: float, strict: bool,
+        sizes: dict[str, Size] | None = None,
+    ) -> None:  # fmt: skip
         self.readers, self.fps, self.tolerance_s, self.strict = readers, fps, tolerance_s, strict
+        self.sizes = dict(sizes or {})
         self._checked: set[tuple[str, int]] = set()
 
     def __getstate__(self) -> dict:
@@ -42,6 +49,9 @@ class FrameFetcher:
         out: torch.Tensor | None = None
         for path, slots in by_file.items():
             frames, inverse, slots_arr = self._fetch_file(path, request, np.asarray(slots))
+            expected = self.sizes.get(request.key)
+            if expected is not None and tuple(frames.shape[-2:]) != expected:
+                raise self._size_error(path, request, slots_arr, tuple(frames.shape[-2:]), expected)
             if out is None:
                 out = allocate((len(request.episodes), *frames.shape[1:]), frames.device)
             elif frames.shape[1:] != out.shape[1:]:
@@ -94,6 +104,20 @@ class FrameFetcher:
                 f"decoder returned {float(np.asarray(pts)[inverse][j]):.4f} s (tolerance {self.tolerance_s} s)"
             )
         return frames, inverse.reshape(-1), slots
+
+    def _size_error(
+        self, path: str, request: FrameRequest, slots: np.ndarray, got: Size, expected: Size
+    ) -> VideoDecodeError:
+        """A file whose frames have another size than the camera's: it names the first episode asked for
+        and its frames (one sample's episode and frame when the pipeline reloads a batch sample by sample)."""
+        episode = request.episodes[int(slots[0])].index
+        mine = [int(s) for s in slots if request.episodes[int(s)].index == episode]
+        frames = sorted({int(f) for f in np.rint(request.times[mine] * self.fps)})
+        return VideoDecodeError(
+            f"{path}: episode {episode}, key {request.key!r}, frame{'s' if len(frames) > 1 else ''} "
+            f"{index_ranges(frames)}: frames are "
+            f"{size_text(got)} (height x width) where this camera's are {size_text(expected)}"
+        )
 
     def _check_span(self, reader: VideoReader, ep: Episode, key: str) -> None:
         """The video must hold every frame of the episode (once per file and episode)."""
