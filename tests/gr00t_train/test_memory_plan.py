@@ -35,8 +35,8 @@ def _cfg(tmp_path, *overrides):
 
 
 class Source:
-    def __init__(self, config, batch_size):
-        self.batch = gr00t_model.make_dummy_batch(config, batch_size, num_images=2, seed=0)
+    def __init__(self, config, batch_size, device=CPU):
+        self.batch = gr00t_model.make_dummy_batch(config, batch_size, num_images=2, seed=0, device=device)
 
     def __next__(self):
         return dict(self.batch, episode_index=torch.zeros(self.batch["state"].shape[0], dtype=torch.long))
@@ -58,24 +58,51 @@ class Source:
 def test_states_are_the_trained_tensors_bytes(tmp_path, env, comm) -> None:
     """Weights, masters, moments and gradient buffers predicted from the model equal, byte for byte, what
     the trainer allocated after a step (ZeRO-1 buffers and shards, or torch AdamW's per-parameter state)."""
-    cfg = _cfg(tmp_path, "steps=1", f"optimizations.comm={comm}")
+    _check_states(tmp_path, env, CPU, "steps=1", f"optimizations.comm={comm}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", [1, 2])
+def test_states_on_cuda_are_the_trained_tensors_bytes(tmp_path, accum) -> None:
+    """The CUDA path: bf16 weights, the flat step's whole-shard moments, remainders, bf16 gradient buffers
+    at one microbatch and fp32 ones with accumulation, the frozen prefix's prepared copies."""
+    gpu_env = gr00t_train.init_distributed("cuda")
+    try:
+        _check_states(tmp_path, gpu_env, torch.device("cuda"), "steps=1", "device=cuda",
+                      f"optim.grad_accum={accum}", "data.batch_size=1")  # fmt: skip
+    finally:
+        gr00t_train.shutdown_distributed(gpu_env)
+
+
+def _check_states(tmp_path, env, device, *overrides) -> None:
+    cfg = resolve_optimizations(
+        _cfg(tmp_path, *overrides), device, capability=(9, 0) if device.type == "cuda" else None
+    )[0]
     tokenizer = gr00t_model.load_tokenizer(None)
-    model = adapter.build_model(cfg, CPU, tokenizer)
-    predicted = state_bytes(model, cfg, world_size=1, device_type="cpu", moments="fp32")
+    model = adapter.build_model(cfg, device, tokenizer)
+    predicted = state_bytes(model, cfg, world_size=1, device_type=device.type, moments="fp32")
+    batch = cfg.data.batch_size
     parts = gr00t_train.TrainParts(
-        model=model, loss_fn=adapter.gr00t_loss, data=Source(model.config, 2),
+        model=model, loss_fn=adapter.gr00t_loss, data=Source(model.config, batch, device),
         save_model=adapter.save_model, load_model=adapter.load_model_in_place,
-        draw=adapter.make_draw(model, 2, CPU), flops_per_sample=1.0, tokens_per_sample=1.0,
+        draw=adapter.make_draw(model, batch, device), flops_per_sample=1.0, tokens_per_sample=1.0,
     )  # fmt: skip
     trainer = Trainer(cfg, parts, env)
     trainer.fit()
+    assert predicted == _allocated(trainer, model)
+    assert predicted["moments"] > 0 and predicted["gradients"] > 0
+
+
+def _allocated(trainer, model) -> dict:
+    """The state tensors the trainer allocated, by component (each storage once)."""
     wrapper, optimizer = trainer.comm.module, trainer.comm.optimizer
     moments = {}
     for state in optimizer.state.values():
         for key in ("exp_avg", "exp_avg_sq"):
             moments[state[key].untyped_storage().data_ptr()] = state[key].untyped_storage().nbytes()
     grads = sum(t.numel() * t.element_size() for t in wrapper._grads.data)
-    if comm == "zero1_overlap":
+    masters = 0
+    if hasattr(wrapper, "_gather") and wrapper._gather is not None:  # ZeRO-1
         weights = sum(t.numel() * t.element_size() for t in wrapper._gather.data)
         shards = [wrapper._gather.shard_view(b) for b in range(len(optimizer.masters))]
         masters = sum(
@@ -83,16 +110,25 @@ def test_states_are_the_trained_tensors_bytes(tmp_path, env, comm) -> None:
             for m, s in zip(optimizer.masters, shards)
             if m.data_ptr() != s.data_ptr()
         )
+        if optimizer.flat is not None:
+            masters += sum(b["rem"].numel() * 2 for b in optimizer.flat.buckets if b["rem"] is not None)
+        else:  # torch's AdamW reads the shard's gradient widened to fp32 where the buffer is not
+            grads += sum(g.numel() * g.element_size() for g in optimizer._grad_shards if g.dtype == torch.float32
+                         and g.data_ptr() not in {t.data_ptr() for t in wrapper._grads.data})  # fmt: skip
     else:
         weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        masters = 0
-    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
-    frozen += sum(b.numel() * b.element_size() for b in model.buffers())
-    assert predicted == {
-        "frozen_weights": frozen, "trainable_weights": weights, "masters": masters,
+    frozen = {}
+    for t in [*(p for p in model.parameters() if not p.requires_grad), *model.buffers()]:
+        frozen[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+    for m in model.modules():
+        for name in ("prepared_weight", "prepared_bias", "fp8_weight", "fp8_scale"):
+            t = getattr(m, name, None)
+            if t is not None:
+                frozen[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+    return {
+        "frozen_weights": sum(frozen.values()), "trainable_weights": weights, "masters": masters,
         "moments": sum(moments.values()), "gradients": grads,
     }  # fmt: skip
-    assert predicted["moments"] > 0 and predicted["gradients"] > 0
 
 
 def _tiny(**fields):
