@@ -32,6 +32,7 @@ from ._dataset_fingerprint import fingerprint as dataset_fingerprint
 from ._distributed import DistEnv
 from ._errors import ConfigError
 from ._folder_checks import refuse_dataset_folder
+from ._optimizations import resolve_optimizations
 from ._parts import TrainParts
 from ._prefix_cache_build import build_store
 from ._prefix_cache_source import CachedSource
@@ -125,7 +126,8 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
             f"{settings.mode} needs a frozen vision tower, connector and token embeddings, and this model trains "
             "one of them (model.tune_visual, model.tune_llm or model.lora's train_in_full)",
         )
-    inputs = fingerprint_inputs(cfg, env.device, model, data, processor, depth)
+    compiled = compile_like_training(cfg, env.device, model)
+    inputs = {**fingerprint_inputs(cfg, env.device, model, data, processor, depth), "compiled": compiled}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
     meta = {"fingerprint": digest, "inputs": inputs, "variants": settings.variants, "dtype": settings.dtype}
     meta["num_samples"] = len(data.dataset)
@@ -163,6 +165,17 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
         "reused": reused, "samples": len(data.dataset), "frozen_llm_layers": depth,
     }  # fmt: skip
     return PrefixCache(source, store, facts, getattr(torch, store.meta["hidden_dtype"]))
+
+
+def compile_like_training(cfg: TrainConfig, device: torch.device, model) -> bool:
+    """Where optimizations.compile resolves on, the model's blocks compiled before the build (the Trainer
+    finds them compiled and keeps them): the cache then holds the bits that training's own frozen prefix
+    computes, compiled kernels and all. True when compiled."""
+    mode = resolve_optimizations(cfg, device)[0].optimizations.compile
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return False
+    model.compile_blocks()
+    return True
 
 
 def _say_building(cfg: TrainConfig, final: Path | None, depth: int, count: int) -> None:

@@ -61,10 +61,12 @@ def build_store(
         for variant in range(variants):  # the pipeline's epoch k is variant k
             done = 0
             for batch in pipeline:
-                rows = slice(done, done + batch["state"].shape[0])
+                real = batch["state"].shape[0]
+                rows = slice(done, done + real)
                 if store is None:
                     model.validate_batch(batch)  # the first batch: keys, shapes, image-token counts
-                features = model.prefix_features(batch)
+                features = model.prefix_features(_padded(batch, batch_size))
+                features = {key: value[:real] for key, value in features.items()}
                 if store is None:
                     meta["layout"] = _layout(meta, features, batch, count)
                     store = FeatureStore.create(meta, folder)
@@ -91,6 +93,20 @@ def build_store(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return store, time.perf_counter() - started
+
+
+def _padded(batch: dict, size: int) -> dict:
+    """The last, short batch filled up to `size` with copies of its last sample: every forward of the build
+    has one shape (compiled blocks compile it once, and every sample's GEMMs run as in training's batches)."""
+    missing = size - batch["state"].shape[0]
+    if missing <= 0:
+        return batch
+    return {
+        key: torch.cat((value, value[-1:].expand(missing, *value.shape[1:])))
+        if isinstance(value, torch.Tensor) and value.ndim > 0
+        else value
+        for key, value in batch.items()
+    }
 
 
 def _layout(meta: dict, features: dict, batch: dict, count: int) -> dict[str, tuple[list[int], str]]:
