@@ -7,17 +7,19 @@ of copy, by what may change the original next:
 - `copy(tree)`: on the current stream. Every later kernel on it (the next step's forward included) is queued
   behind the copy, so no one can change the original first; for the small tensors (random states, the model
   tensors a checkpoint writes).
-- `copy(tree, guarded=True)` and `keep`: on a copy stream of their own, for state that only the optimizer
-  changes (its fp32 masters and moments, 19.4 GB for n1.6-3b). The next step's forward and backward run beside
-  the copies; `before_update` (an optimizer step pre-hook) makes the stream the update runs on wait for them,
-  so the update cannot change a tensor still being copied. The loop waits only if the copies (about 0.4 s
-  over PCIe for n1.6-3b) outlast the next step's forward and backward.
+- `copy(tree, guarded=True)`: state that only the optimizer changes (its fp32 masters and moments, 19.4 GB
+  for n1.6-3b), copied to the host on a copy stream of its own, beside the next step's forward and backward.
+  When the device has room for it (`device_room`: free memory less the headroom the steps' peak needs), the
+  state is first copied on the device, on the current stream (about 15 ms for 19.4 GB on an H200), and the
+  host copies read that snapshot: nothing waits for them. Otherwise they read the originals, and
+  `before_update` (an optimizer step pre-hook) makes the stream the update runs on wait for them, so the
+  update cannot change a tensor still being copied: the loop then waits only as long as the copies (about
+  0.4 s over PCIe for n1.6-3b) outlast the next step's forward and backward.
+- `keep(tensor)`: a tensor made for this save (ZeRO-1's gathered buckets at more than one rank), copied on
+  the copy stream and held until its copy ended; past `held_limit` bytes held, the loop waits for the copies.
 
 With the optimizer on a side stream, `Trainer.save` made the current stream wait for the update first, and
-the copy stream waits for the current one before its first copy: the copies read the updated state. A tensor
-made for this save (ZeRO-1's gathered buckets at more than one rank, through `keep`) is held until its copy
-ended, then let go, so the device memory of the gathered buckets is bounded (`held_limit`).
-
+the copy stream waits for the current one before its first copy: the copies read the updated state.
 `finish()` returns the function the writer calls before reading the copies: it waits for them to end.
 CPU tensors are copied into the pool at once, unless the caller says they are fresh (made for this save).
 """
@@ -30,18 +32,43 @@ from typing import Any
 
 import torch
 
-from ._host_pool import HostPool
+from ._host_pool import ALIGN, HostPool, nbytes
 
 HELD_MARGIN = 4 << 30
 """Device memory left free when gathered buckets wait for their copies (`keep`)."""
+SNAPSHOT_MARGIN = 2 << 30
+"""Device memory left free, beyond the steps' own headroom, when the state is copied on the device first."""
+
+
+def device_room(device: torch.device) -> int:
+    """Bytes a snapshot may take on `device` without taking what the next steps need: free memory (on the
+    device and cached by torch's allocator) less the headroom the peak so far needed above what is
+    allocated now (a save runs between steps, when activations are freed) and a margin."""
+    free, _ = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    cached = torch.cuda.memory_reserved(device) - allocated
+    headroom = torch.cuda.max_memory_allocated(device) - allocated
+    return free + cached - headroom - SNAPSHOT_MARGIN
+
+
+def _cuda_tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree] if tree.device.type == "cuda" else []
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (list, tuple)):
+        return [t for node in tree for t in _cuda_tensors(node)]
+    return []
 
 
 class Staging:
     """Host copies of a save's state, into a pool reused by every save (see the module docstring)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, device_copies: bool | None = None) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.device_copies = device_copies
+        """Copy guarded state on the device first: None when `device_room` allows, True always, False never."""
         self.pool = HostPool(pinned=self.cuda)
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         self._pending: torch.cuda.Event | None = None  # the last save's guarded copies, until they ended
@@ -52,12 +79,16 @@ class Staging:
         """Bytes of fresh device tensors held before `keep` waits for their copies (set by `begin`)."""
         self.waits = 0
         """Times this save's `keep` waited for copies (device memory ran short)."""
+        self._guard = False  # this save's guarded copies read the originals: the next update waits
+        self.snapshot_bytes = 0
+        """Bytes of this save's state copied on the device first."""
 
     # ---------------------------------------------------------------------------------------- a save
     def begin(self) -> None:
         """A save starts: the pool is reused from its start (the previous save's write has ended)."""
         self.pool.rewind()
         self._held, self._held_storages, self._held_bytes, self.waits = [], set(), 0, 0
+        self._guard, self.snapshot_bytes = False, 0
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
             self.held_limit = max(1 << 30, free - HELD_MARGIN)
@@ -65,13 +96,17 @@ class Staging:
     def copy(self, tree: Any, *, guarded: bool = False, fresh_cpu: bool = False) -> Any:
         """`tree` with every tensor copied into the pool (see the module docstring for `guarded`); dicts,
         lists and tuples are rebuilt, other leaves deep-copied; CPU tensors kept as they are if `fresh_cpu`."""
+        snapshot: dict[int, torch.Tensor] = {}
         if guarded and self.cuda:
+            snapshot = self._snapshot(_cuda_tensors(tree))
+            self._guard = self._guard or not snapshot
+            # the host copies follow the update (and the snapshot) queued on the current stream
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
         def visit(node: Any) -> Any:
             if isinstance(node, torch.Tensor):
                 if node.device.type != "cpu":
-                    return self._to_host(node, guarded)
+                    return self._to_host(snapshot.get(id(node), node), guarded)
                 return node if fresh_cpu else self.pool.take(node.shape, node.dtype).copy_(node.detach())
             if isinstance(node, dict):
                 return {key: visit(value) for key, value in node.items()}
@@ -81,6 +116,28 @@ class Staging:
             return deepcopy.deepcopy(node)
 
         return visit(tree)
+
+    def _snapshot(self, tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Copies of `tensors` on the device, in one buffer, on the current stream (id of each original -> its
+        copy), held until the host copies of them ended; {} when not wanted or there is no room."""
+        places, total = [], 0
+        for tensor in tensors:
+            places.append(total)
+            total += -(-nbytes(tensor.shape, tensor.dtype) // ALIGN) * ALIGN
+        wanted = self.device_copies if self.device_copies is not None else device_room(self.device) >= total
+        if not tensors or not wanted:
+            return {}
+        try:
+            buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+        except torch.OutOfMemoryError:
+            return {}
+        copies = {}
+        for tensor, at in zip(tensors, places):
+            size = nbytes(tensor.shape, tensor.dtype)
+            copies[id(tensor)] = buffer[at : at + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        self._held.append(buffer)
+        self.snapshot_bytes += total
+        return copies
 
     def keep(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy of `tensor`, made for this save (a gathered bucket's entry): copied on the copy stream
@@ -109,19 +166,19 @@ class Staging:
 
     def finish(self) -> Callable[[], None]:
         """The copies of this save are all queued: returns the function that waits until they ended (the
-        writer calls it before reading them), and from now on the optimizer's updates wait for them."""
+        writer calls it before reading them); the optimizer's updates wait for those that read originals."""
         if not self.cuda:
             return lambda: None
         ordered, guarded = torch.cuda.Event(), torch.cuda.Event()
         ordered.record(torch.cuda.current_stream(self.device))
         guarded.record(self._stream)
-        self._pending = guarded
+        self._pending = guarded if self._guard else None
         held, self._held, self._held_storages, self._held_bytes = self._held, [], set(), 0
 
         def wait() -> None:
             ordered.synchronize()
             guarded.synchronize()
-            held.clear()  # the gathered buckets' device memory goes back to the allocator
+            held.clear()  # the snapshot's and gathered buckets' device memory goes back to the allocator
 
         return wait
 

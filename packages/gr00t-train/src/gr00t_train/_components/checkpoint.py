@@ -151,6 +151,9 @@ class CheckpointComponent:
                 "checkpoint %s: the loop stalled %.3f s, the files are written in the background",
                 final.name, self.saves.stall_s[-1],
             )  # fmt: skip
+        if staging.snapshot_bytes and self.env.is_main:
+            log.info("checkpoint %s: %.2f GB of optimizer state copied on the device first (it had room)",
+                     final.name, staging.snapshot_bytes / 1e9)  # fmt: skip
         if staging.pool.grown:
             log.info("checkpoint %s: %.2f GB of host memory allocated for its copies (reused by later saves)",
                      final.name, staging.pool.grown / 1e9)  # fmt: skip

@@ -1,0 +1,82 @@
+"""Checkpoint staging (CPU): the copies a save takes hold the state at the save step, bit for bit, however
+training changes the originals afterwards; the host pool is reused by every save (same storage), its slots
+each a storage of their own (a saved file holds the tensor, not the chunk around it). The same scenario on
+CUDA, with the copies beside the next steps and the update on a side stream: test_staging_gpu.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+import torch
+from gr00t_train._host_pool import ALIGN, HostPool
+from gr00t_train._staging import Staging
+
+
+def _load_scenario():
+    """The scenario shared with the other staging test file (tests are not a package)."""
+    name = "gr00t_train_staging_scenario"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_staging_scenario.py"))
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+stage_while_training = _load_scenario().stage_while_training
+
+
+def test_staged_optimizer_state_is_the_state_at_the_save_step(env) -> None:
+    result = stage_while_training(torch.device("cpu"), width=16, saves=3)
+    first, *later = result["saves"]
+    assert result["entries"] == 4 * 4  # two linears' weight and bias: master, two moments, step
+    for save in result["saves"]:
+        assert save["equal"] and save["changed"] and save["groups"]
+    for save in later:  # the pool is reused: the same places, nothing allocated
+        assert save["addresses"] == first["addresses"] and save["grown"] == 0
+        assert save["capacity"] == first["capacity"]
+
+
+def test_pool_slots_are_storages_of_their_own_and_reused_in_order() -> None:
+    pool = HostPool(pinned=False)
+    pool.reserve(1 << 20)
+    assert pool.capacity == 1 << 20
+    shapes = [((3, 5), torch.float32), ((7,), torch.bfloat16), ((), torch.int64), ((0, 4), torch.float32)]
+    pool.rewind()
+    slots = [pool.take(shape, dtype) for shape, dtype in shapes]
+    assert [(tuple(s.shape), s.dtype) for s in slots] == [(tuple(shape), dtype) for shape, dtype in shapes]
+    assert pool.grown == 0
+    for slot in slots:
+        assert slot.untyped_storage().nbytes() == slot.numel() * slot.element_size()
+        if slot.numel():  # an empty tensor has no address
+            assert slot.data_ptr() % ALIGN == slots[0].data_ptr() % ALIGN  # page-aligned in its chunk
+    for a, b in zip(slots, slots[1:]):
+        if a.numel() and b.numel():
+            assert a.data_ptr() + a.numel() * a.element_size() <= b.data_ptr()
+    slots[0].copy_(torch.arange(15.0).view(3, 5))
+    buffer = io.BytesIO()
+    torch.save({"a": slots[0]}, buffer)
+    assert len(buffer.getvalue()) < 4096  # 60 bytes of data, not the 1 MiB chunk around them
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=True)["a"], torch.arange(15.0).view(3, 5))
+    pool.rewind()
+    again = [pool.take(shape, dtype) for shape, dtype in shapes]
+    assert [s.data_ptr() for s in again] == [s.data_ptr() for s in slots]
+    big = pool.take((1 << 19,), torch.float32)  # 2 MiB: more than the reservation holds
+    assert pool.grown >= 2 << 20 and big.untyped_storage().nbytes() == 2 << 20
+    pool.close()
+    assert pool.capacity == 0
+    assert torch.equal(again[0], torch.arange(15.0).view(3, 5))  # a slot in use outlives close()
+
+
+def test_background_reservation_is_waited_for_by_the_first_save() -> None:
+    staging = Staging(torch.device("cpu"))
+    staging.pool.reserve_in_background(3 << 20)
+    staging.begin()  # waits for the reservation: the save then takes from it
+    assert staging.pool.capacity >= 3 << 20
+    staged = staging.copy({"w": torch.ones(1000)})
+    staging.finish()()
+    assert staging.pool.grown == 0 and torch.equal(staged["w"], torch.ones(1000))
+    staging.close()
