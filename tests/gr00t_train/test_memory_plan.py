@@ -22,7 +22,7 @@ from gr00t_train._optimizations import resolve_optimizations
 CPU = torch.device("cpu")
 
 
-def _cfg(tmp_path, *overrides):
+def _cfg(tmp_path, *overrides, device=CPU):
     base = gr00t_train.load_config(
         preset="demo",
         overrides=[
@@ -31,7 +31,7 @@ def _cfg(tmp_path, *overrides):
         ],
     )  # fmt: skip
     cfg = gr00t_train.apply_overrides(base, list(overrides))
-    return resolve_optimizations(cfg, CPU)[0]
+    return resolve_optimizations(cfg, device)[0]
 
 
 class Source:
@@ -75,9 +75,7 @@ def test_states_on_cuda_are_the_trained_tensors_bytes(tmp_path, accum) -> None:
 
 
 def _check_states(tmp_path, env, device, *overrides) -> None:
-    cfg = resolve_optimizations(
-        _cfg(tmp_path, *overrides), device, capability=(9, 0) if device.type == "cuda" else None
-    )[0]
+    cfg = _cfg(tmp_path, *overrides, device=device)
     tokenizer = gr00t_model.load_tokenizer(None)
     model = adapter.build_model(cfg, device, tokenizer)
     predicted = state_bytes(model, cfg, world_size=1, device_type=device.type, moments="fp32")
