@@ -136,6 +136,18 @@ def test_pipeline_over_a_mixture_resumes_exactly(workers):
     assert members == {0, 1, 2}
 
 
+def test_routing_by_affinity_keeps_the_batches():
+    """Samples routed to workers by their member's key (affinity=True) arrive as whole, ordered batches."""
+    mixture = _mixture()
+    keys = mixture.affinity(np.arange(len(mixture)))
+    assert len(np.unique(keys)) == len(mixture)  # Rows has no affinity: each sample its own key, per member
+    options = dict(seed=2, device="cpu")
+    with Pipeline(_mixture(), 8, synchronous=True, **options) as pipe:
+        reference = _stream(pipe, 6)
+    with Pipeline(_mixture(), 8, num_workers=2, affinity=True, **options) as pipe:
+        assert _stream(pipe, 6) == reference
+
+
 def test_a_mixture_resumed_at_another_world_size_continues_at_the_same_place():
     with Pipeline(_mixture(), 6, seed=1, device="cpu", synchronous=True, world_size=2, rank=0) as pipe:
         _stream(pipe, 4)

@@ -95,6 +95,22 @@ class MixtureDataset:
         episode, frame = locate(int(local[0]))
         return f"{self._name(int(member[0]))}: {episode}", frame
 
+    def affinity(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """A routing key per sample (see `PipelineConfig.affinity`): its member's key (`LeRobotDataset`: the
+        episode; else the sample) made unique across members."""
+        member, local = self.locate(indices)
+        keys = np.empty(len(member), dtype=np.int64)
+        for m in np.unique(member).tolist():
+            rows = np.flatnonzero(member == m)
+            own = getattr(self.members[m].dataset, "affinity", None)
+            found = np.asarray(own(local[rows]) if own is not None else local[rows], dtype=np.int64)
+            keys[rows] = found * len(self.members) + m
+        return keys
+
+    def prefers_affinity(self) -> bool:
+        """True when a member prefers routing by affinity (more video files than a worker keeps open)."""
+        return any(bool(getattr(m.dataset, "prefers_affinity", lambda: False)()) for m in self.members)
+
     def epoch_sampler(self, batch_size: int, **options: Any):
         """The `MixtureSampler` that orders this mixture's samples (`Pipeline` asks for it)."""
         from ..pipeline.mixture_sampler import MixtureSampler
