@@ -309,3 +309,25 @@ def test_the_command_exits_2_naming_the_setting(dataset, tmp_path, capsys) -> No
         args += ["--set", item]
     assert main(args) == 2
     assert "data.prefix_cache.mode: disk stores the frozen prefix's output" in capsys.readouterr().err
+
+
+def test_a_resume_may_move_the_cache_but_not_switch_it() -> None:
+    from gr00t_train._config_io import config_to_dict
+    from gr00t_train._resume_changes import config_changes
+
+    saved = config_to_dict(gr00t_train.load_config(preset="demo", overrides=["device=cpu"]))
+    kinds = {}
+    for change in (
+        "data.prefix_cache.mode=disk",
+        "data.prefix_cache.dir=/elsewhere",
+        "data.prefix_cache.variants=2",
+    ):
+        cfg = gr00t_train.load_config(preset="demo", overrides=["device=cpu", "data.augment=true", change])
+        kinds.update(
+            {c.key: c.kind for c in config_changes(saved, cfg, "cpu") if c.key.startswith("data.prefix")}
+        )
+    assert kinds == {
+        "data.prefix_cache.mode": "trajectory",  # other training data: --resume-changed allows it
+        "data.prefix_cache.dir": "harmless",
+        "data.prefix_cache.variants": "trajectory",
+    }
