@@ -141,3 +141,20 @@ def test_members_are_checked_on_metadata_naming_the_entry(tmp_path, roots) -> No
         with pytest.raises(ConfigError) as caught:
             plan_mixture(_load(tmp_path, TOML.format(a=a, b=b), *sets))
         assert caught.value.field == field
+
+
+def test_the_readme_example_is_a_valid_config(tmp_path) -> None:
+    """The TOML of the gr00t-train README's Mixtures section loads as written (paths are read later)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "packages" / "gr00t-train" / "README.md").read_text()
+    section = readme[readme.index("## Mixtures") :]
+    (example,) = re.findall(r"^```toml\n(.*?)^```", section[: section.index("\n## ")], re.S | re.M)
+    cfg = _load(tmp_path, example)
+    assert [(e.label, e.weight, e.embodiment_tag) for e in cfg.data.mixture] == [
+        ("libero_spatial", 2.0, "libero_panda"),
+        ("libero_object", 1.0, "libero_panda"),
+        ("gr1", 1.0, "gr1"),
+    ]
+    assert cfg.data.mixture[2].state_keys == ["left_arm", "right_arm", "left_hand", "right_hand"]
