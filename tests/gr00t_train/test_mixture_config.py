@@ -158,3 +158,13 @@ def test_the_readme_example_is_a_valid_config(tmp_path) -> None:
         ("gr1", 1.0, "gr1"),
     ]
     assert cfg.data.mixture[2].state_keys == ["left_arm", "right_arm", "left_hand", "right_hand"]
+
+
+def test_a_run_never_writes_into_a_mixture_member(tmp_path, roots) -> None:
+    from gr00t_train._folder_checks import refuse_dataset_folder
+
+    cfg = _load(tmp_path, TOML.format(a=roots[0], b=roots[1]))
+    refuse_dataset_folder(cfg, [(tmp_path / "out", "output_dir")])
+    with pytest.raises(ConfigError, match="inside the dataset folder") as caught:
+        refuse_dataset_folder(cfg, [(roots[1] / "run", "output_dir")])
+    assert caught.value.field == "output_dir"

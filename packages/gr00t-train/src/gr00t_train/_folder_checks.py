@@ -14,17 +14,18 @@ from ._folder_lock import held_below, live_holder
 
 
 def refuse_dataset_folder(cfg: TrainConfig, folders: list[tuple[Path, str]]) -> None:
-    """A run never writes into the dataset it reads (the dataset may be shared, or read by other runs)."""
-    if not cfg.data.dataset:
-        return
-    dataset = Path(cfg.data.dataset).resolve()
-    for folder, setting in folders:
-        if folder.resolve().is_relative_to(dataset):
-            raise ConfigError(
-                setting,
-                f"{folder} is inside the dataset folder {cfg.data.dataset}; a run never writes into its "
-                f"dataset. Choose an {setting} outside it",
-            )
+    """A run never writes into the dataset it reads (the dataset may be shared, or read by other runs), nor
+    into any dataset of its data.mixture."""
+    datasets = [cfg.data.dataset] if cfg.data.dataset else [e.dataset for e in cfg.data.mixture or []]
+    for given in datasets:
+        dataset = Path(given).resolve()
+        for folder, setting in folders:
+            if folder.resolve().is_relative_to(dataset):
+                raise ConfigError(
+                    setting,
+                    f"{folder} is inside the dataset folder {given}; a run never writes into its "
+                    f"dataset. Choose an {setting} outside it",
+                )
 
 
 def probe_writable(folder: Path, setting: str) -> None:
