@@ -98,6 +98,8 @@ def train(args: argparse.Namespace, name: str, data: Path) -> dict:
         "startup_s": summary.get("startup_s"),
         "peak_memory_gib": summary.get("peak_memory_gib"),
         "cache_build_s": cache.get("build_s"),
+        "cache_build_first_batch_s": cache.get("first_batch_s"),  # workers' start and compilation
+        "cache_fingerprint_s": cache.get("fingerprint_s"),
         "cache_bytes": cache.get("bytes"),
         "cache_samples": cache.get("samples"),
         "cache_frozen_llm_layers": cache.get("frozen_llm_layers"),

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,32 +128,26 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
             "one of them (model.tune_visual, model.tune_llm or model.lora's train_in_full)",
         )
     compiled = compile_like_training(cfg, env.device, model)
+    started = time.perf_counter()
     inputs = {**fingerprint_inputs(cfg, env.device, model, data, processor, depth), "compiled": compiled}
+    fingerprint_s = time.perf_counter() - started  # mostly hashing the frozen weights
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
     meta = {"fingerprint": digest, "inputs": inputs, "variants": settings.variants, "dtype": settings.dtype}
     meta["num_samples"] = len(data.dataset)
     final = cache_root(cfg) / digest[:16] if settings.mode == "disk" else None
     reused = final is not None and (FeatureStore.read_meta(final) or {}).get("fingerprint") == digest
     if reused:
-        store, build_s = FeatureStore.open(final), 0.0
+        store, times = FeatureStore.open(final), {"build_s": 0.0, "first_batch_s": 0.0}
         log.info("prefix cache: reusing %s (%.2f GB)", final, store.nbytes() / 1e9)
     else:
         _say_building(cfg, final, depth, len(data.dataset))
         temporary = None if final is None else final.with_name(f".tmp-{digest[:16]}-{os.getpid()}")
-        store, build_s = build_store(
-            cfg,
-            model,
-            data,
-            processor,
-            env.device,
-            meta,
-            temporary,
-            progress=env.is_main and cfg.logging.progress,
-        )
+        progress = env.is_main and cfg.logging.progress
+        store, times = build_store(cfg, model, data, processor, env.device, meta, temporary, progress)
         store = store.finish(final)
         log.info(
             "prefix cache: built %d samples x %d variant(s) in %.1f s, %.2f GB %s",
-            len(data.dataset), settings.variants, build_s, store.nbytes() / 1e9,
+            len(data.dataset), settings.variants, times["build_s"], store.nbytes() / 1e9,
             f"in {final}" if final else "in host memory",
         )  # fmt: skip
     source = CachedSource(
@@ -161,8 +156,9 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
     )  # fmt: skip
     facts = {
         "mode": settings.mode, "dtype": settings.dtype, "variants": settings.variants, "fingerprint": digest,
-        "folder": str(final) if final else None, "bytes": store.nbytes(), "build_s": build_s,
-        "reused": reused, "samples": len(data.dataset), "frozen_llm_layers": depth,
+        "folder": str(final) if final else None, "bytes": store.nbytes(), **times,
+        "fingerprint_s": fingerprint_s, "reused": reused, "samples": len(data.dataset),
+        "frozen_llm_layers": depth, "compiled": compiled,
     }  # fmt: skip
     return PrefixCache(source, store, facts, getattr(torch, store.meta["hidden_dtype"]))
 
