@@ -79,4 +79,4 @@ def stage_while_training(
             }
         )
     staging.close()
-    return {"saves": results, "entries": len(reference)}
+    return {"saves": results, "entries": len(reference), "update_wait_s": staging.update_wait_s}

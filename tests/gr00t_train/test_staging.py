@@ -32,6 +32,7 @@ def test_staged_optimizer_state_is_the_state_at_the_save_step(env) -> None:
     result = stage_while_training(torch.device("cpu"), width=16, saves=3)
     first, *later = result["saves"]
     assert result["entries"] == 4 * 4  # two linears' weight and bias: master, two moments, step
+    assert result["update_wait_s"] == [0.0] * 3  # on CPU the copies are done when the save returns
     for save in result["saves"]:
         assert save["equal"] and save["changed"] and save["groups"]
     for save in later:  # the pool is reused: the same places, nothing allocated

@@ -56,3 +56,5 @@ def test_staged_state_survives_the_next_updates_on_cuda(nccl, side_stream: bool,
         assert (save["snapshot_bytes"] > 0) == device_copies
         assert save["update_waited"] == (not device_copies)  # a snapshot: the updates need not wait
     assert second["addresses"] == first["addresses"] and second["grown"] == 0
+    waits = result["update_wait_s"]  # one per save; none with a snapshot
+    assert len(waits) == 2 and all(w >= 0 for w in waits) and (not device_copies or waits == [0.0, 0.0])

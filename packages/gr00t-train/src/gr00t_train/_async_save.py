@@ -55,6 +55,9 @@ class SaveLog:
     """Every save of this session: the loop's stall, the write's seconds and bytes, and the failures."""
 
     stall_s: list[float] = field(default_factory=list)
+    update_wait_s: list[float] = field(default_factory=list)
+    """Per save: how long the first optimizer update after it waited on the device for its copies
+    (`Staging.update_wait_s`); the loop lost at most stall_s + update_wait_s to the save."""
     write_s: list[float] = field(default_factory=list)
     bytes: list[int] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -63,6 +66,7 @@ class SaveLog:
         """What summary.json reports (`checkpoint_*`)."""
         return {
             "checkpoint_stall_s": [round(s, 4) for s in self.stall_s],
+            "checkpoint_update_wait_s": [round(s, 4) for s in self.update_wait_s],
             "checkpoint_write_s": [round(s, 3) for s in self.write_s],
             "checkpoint_bytes": list(self.bytes),
             "checkpoint_failures": list(self.failures),

@@ -82,10 +82,16 @@ class Staging:
         self._guard = False  # this save's guarded copies read the originals: the next update waits
         self.snapshot_bytes = 0
         """Bytes of this save's state copied on the device first."""
+        self.update_wait_s: list[float] = []
+        """Per save (known at the next one, or at `close`): how long the first optimizer update after it waited
+        on the device for its copies; 0 when none waited (a snapshot, or the copies ended first)."""
+        self._unaccounted = False  # a save whose update wait is not in update_wait_s yet
+        self._wait_timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     # ---------------------------------------------------------------------------------------- a save
     def begin(self) -> None:
         """A save starts: the pool is reused from its start (the previous save's write has ended)."""
+        self._account()
         self.pool.rewind()
         self._held, self._held_storages, self._held_bytes, self.waits = [], set(), 0, 0
         self._guard, self.snapshot_bytes = False, 0
@@ -145,8 +151,7 @@ class Staging:
         if tensor.device.type == "cpu":
             return self.pool.take(tensor.shape, tensor.dtype).copy_(tensor)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))  # it was made on the current one
-        host = self._to_host(tensor, guarded=True)
-        self._held.append(tensor)
+        host = self._to_host(tensor, guarded=True)  # holds it
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self._held_storages:
             self._held_storages.add(storage.data_ptr())
@@ -159,14 +164,18 @@ class Staging:
 
     def _to_host(self, tensor: torch.Tensor, guarded: bool) -> torch.Tensor:
         host = self.pool.take(tensor.shape, tensor.dtype)
-        if guarded:
-            with torch.cuda.stream(self._stream):
-                return host.copy_(tensor.detach(), non_blocking=True)
-        return host.copy_(tensor.detach(), non_blocking=True)
+        if not guarded:
+            return host.copy_(tensor.detach(), non_blocking=True)
+        # held until the copy ended: a tensor made for this save and dropped by the caller would otherwise go
+        # back to the allocator, and to the next step's kernels, while the copy stream still reads it
+        self._held.append(tensor)
+        with torch.cuda.stream(self._stream):
+            return host.copy_(tensor.detach(), non_blocking=True)
 
     def finish(self) -> Callable[[], None]:
         """The copies of this save are all queued: returns the function that waits until they ended (the
         writer calls it before reading them); the optimizer's updates wait for those that read originals."""
+        self._unaccounted, self._wait_timing = True, None
         if not self.cuda:
             return lambda: None
         ordered, guarded = torch.cuda.Event(), torch.cuda.Event()
@@ -190,11 +199,32 @@ class Staging:
             return
         if self._pending.query():
             self._pending = None
-        else:
-            torch.cuda.current_stream(self.device).wait_event(self._pending)
+            return
+        stream = torch.cuda.current_stream(self.device)
+        if self._wait_timing is not None:  # a later update, queued behind the first one's wait
+            stream.wait_event(self._pending)
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        stream.wait_event(self._pending)
+        end.record(stream)
+        self._wait_timing = (start, end)
+
+    def _account(self) -> None:
+        """Put the last save's update wait into `update_wait_s` (its events have long passed by now)."""
+        if not self._unaccounted:
+            return
+        waited = 0.0
+        if self._wait_timing is not None:
+            start, end = self._wait_timing
+            end.synchronize()
+            waited = start.elapsed_time(end) / 1e3
+        self.update_wait_s.append(waited)
+        self._unaccounted, self._wait_timing = False, None
 
     def close(self) -> None:
         """The run ended: free the pool (a later save allocates it again)."""
+        self._account()
         if self._pending is not None:
             self._pending.synchronize()
             self._pending = None

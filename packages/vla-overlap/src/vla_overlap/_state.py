@@ -6,8 +6,8 @@ format knows nothing of buckets, padding or world size, so it reloads under any 
 
 At one rank nothing is gathered: each parameter's entries are views of the live master and moment buffers.
 `on_device=True` returns them as they are (or, at more ranks, views of the gathered buckets), for a caller
-that copies them out itself, beside training (gr00t-train's checkpoint staging); the default copies every
-entry to its own CPU tensor. `keep` receives each gathered entry as soon as its bucket is gathered, so the
+that copies them out itself, beside training (a checkpoint written in the background); the default copies
+every entry to its own CPU tensor. `keep` receives each gathered entry as soon as its bucket is gathered, so the
 gathered buckets need not all be on the device at once.
 """
 

@@ -67,6 +67,7 @@ class CheckpointComponent:
         self._inflight: BackgroundWrite | None = None
         self.staging = Staging(env.device)
         """Host copies of a save's state, into a pool reused by every save (`_staging`)."""
+        self.saves.update_wait_s = self.staging.update_wait_s  # one list: the staging appends to it
         self._update_hook = None
 
     def start(self, run_id: str | None) -> None:
@@ -193,7 +194,8 @@ class CheckpointComponent:
         if self._update_hook is not None:
             self._update_hook.remove()
             self._update_hook = None
-        self.staging.close()
+        self.staging.close()  # the last save's update wait is known now
+        self.parts.facts.update(self.saves.facts())
 
     def wait(self) -> None:
         """Wait for the write in flight (the final save, a stop, the end of the run): its failure raises
