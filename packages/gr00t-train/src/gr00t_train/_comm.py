@@ -88,10 +88,11 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             routed = wrapped.write_weight_grads_in_place()
             log.info("weight gradients: %d linear layers write their gradient buffers directly", routed)
         if opts.comm == "zero1_overlap":
-            flat = _flat_kernel(opts, env)
+            moments = adam_moments(cfg)
+            flat = _flat_kernel(opts, env) or ("torch" if moments == "int8" else None)  # int8: a flat step
             remainders = opts.param_remainders and opts.bf16_weights == "on" and flat is not None
             optimizer = vla_overlap.DistributedAdamW(
-                wrapped, groups, **adamw, flat=flat, remainders=remainders
+                wrapped, groups, **adamw, flat=flat, remainders=remainders, **moments_argument(moments)
             )
         else:
             optimizer = torch.optim.AdamW(groups, **adamw)
@@ -110,6 +111,17 @@ def _grad_buffer_dtype(cfg: TrainConfig, env: DistEnv) -> torch.dtype | None:
     opts = cfg.optimizations
     in_place = opts.bf16_weights == "on" and _flat_kernel(opts, env) is not None
     return None if in_place and cfg.optim.grad_accum == 1 and env.world_size == 1 else torch.float32
+
+
+def adam_moments(cfg: TrainConfig) -> str:
+    """AdamW's moments as the optimizer holds them: memory.adam_moments (auto: fp32; the memory planner
+    resolves it where a budget needs int8)."""
+    return "int8" if cfg.memory.adam_moments == "int8" else "fp32"
+
+
+def moments_argument(moments: str) -> dict:
+    """DistributedAdamW's `moments` argument, left out for fp32 (vla-overlap versions without 8-bit moments)."""
+    return {} if moments == "fp32" else {"moments": moments}
 
 
 def _flat_kernel(opts: Any, env: DistEnv) -> str | None:

@@ -154,7 +154,8 @@ def plan_for_budget(cfg: TrainConfig, env) -> tuple[TrainConfig, MemoryPlan | No
             f"allocator's slack). Raise "
             "the budget, train fewer layers (model.tune_top_llm_layers) or use LoRA (model.lora.rank)",
         )
-    final = dataclasses.replace(candidate, memory=dataclasses.replace(candidate.memory, adam_moments=moments))
+    # int8 chosen is recorded as such; fp32 stays `auto`, as runs without a budget record it
+    final = _memory(candidate, adam_moments="int8") if moments == "int8" else candidate
     plan = MemoryPlan(
         budget, chosen, final.data.batch_size, final.optim.grad_accum, moments, prediction, kept
     )
@@ -170,6 +171,12 @@ def resolved_moments(cfg: TrainConfig) -> str:
         raise ConfigError(
             "memory.adam_moments",
             "int8 needs vla-overlap's DistributedAdamW(moments=...), which this installation lacks",
+        )
+    if value == "int8" and cfg.optimizations.comm != "zero1_overlap":
+        raise ConfigError(
+            "memory.adam_moments",
+            f"int8 moments live in ZeRO-1's DistributedAdamW: needs optimizations.comm=zero1_overlap, the run "
+            f"has {cfg.optimizations.comm}",
         )
     return "fp32" if value == "auto" else value
 

@@ -29,8 +29,8 @@ CUDA_WORKSPACE = int(0.75 * GiB)
 """Allocated device memory beside states and activations on CUDA: cuBLAS workspaces, compiled kernels'
 buffers, the transient tensors of the frozen prefix. A starting value; `benchmarks/memory_budget.py` prints
 what each run leaves for activations and workspace (measured peak minus the states)."""
-INT8_BLOCK = 256
-"""Elements per fp32 scale of block-wise 8-bit moments."""
+INT8_BLOCK = 64
+"""Elements per fp32 scale of vla-overlap's block-wise 8-bit moments (its _moments8.QBLOCK)."""
 _PREPARED = ("prepared_weight", "prepared_bias", "fp8_weight", "fp8_scale")
 """Tensors gr00t-model's FrozenLinear holds beside its parameters (its GEMM-ready copies)."""
 
@@ -104,7 +104,7 @@ def state_bytes(model: nn.Module, cfg: TrainConfig, world_size: int, device_type
         weights = sum(p.numel() * p.element_size() for _, p in trainable)
         return {"frozen_weights": frozen, "trainable_weights": weights, "masters": 0,
                 "moments": int(numel * moment_bytes_per_element(moments)), "gradients": grads}  # fmt: skip
-    flat = _flat_kernel(opts, env) is not None
+    flat = _flat_kernel(opts, env) is not None or moments == "int8"  # 8-bit moments: the flat step's own
     remainders = opts.param_remainders and opts.bf16_weights == "on" and flat
     weights = sum(b.numel * _size(b.param_dtype) for b in layout.buffers)
     masters = moment_elements = 0
