@@ -17,7 +17,7 @@ ADAMW8 = {**ADAMW, "betas": (0.9, 0.999), "lr": 3e-3, "flat": "torch", "moments"
 
 def _regression(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 96), nn.GELU(), nn.Linear(96, 96), nn.GELU(), nn.Linear(96, 4))
+    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
 
 
 def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,24 +47,28 @@ def moments8_shadow(ctx: Any, steps: int = 50) -> dict[str, Any]:
     model = OverlapDataParallel(module, OverlapConfig(bucket_elements=None), process_group=ctx.group)
     opt = DistributedAdamW(model, **ADAMW8)
     reference = _regression()
-    plain = torch.optim.AdamW(reference.parameters(), **{k: v for k, v in ADAMW8.items() if k not in ("flat", "moments")})
+    plain = torch.optim.AdamW(
+        reference.parameters(), **{k: v for k, v in ADAMW8.items() if k not in ("flat", "moments")}
+    )
     records, losses = [], {"int8": [], "fp32": []}
     for step in range(steps):
         x, y = _data(step)
         model.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
-        losses["int8"].append(float(loss))
+        losses["int8"].append(float(loss.detach()))
         plain.zero_grad()
         ref_loss = F.mse_loss(reference(x), y)
         ref_loss.backward()
         plain.step()
-        losses["fp32"].append(float(ref_loss))
+        losses["fp32"].append(float(ref_loss.detach()))
         opt._prepare_grads()
         (flat,) = opt.flat.buckets
         shadow = torch.nn.Parameter(flat["master"].clone())
         shadow.grad = flat["grad"].clone()
-        inner = torch.optim.AdamW([shadow], **{k: v for k, v in ADAMW8.items() if k not in ("flat", "moments")})
+        inner = torch.optim.AdamW(
+            [shadow], **{k: v for k, v in ADAMW8.items() if k not in ("flat", "moments")}
+        )
         if step:
             (before,) = _decoded(opt)
             inner.state[shadow] = {"step": torch.tensor(float(step)), "exp_avg": before["m"].clone(),
@@ -74,11 +78,17 @@ def moments8_shadow(ctx: Any, steps: int = 50) -> dict[str, Any]:
         (after,) = _decoded(opt)
         state = inner.state[shadow]
         records.append({"master": flat["master"].clone(), "shadow": shadow.detach().clone(),
-                        "m": state["exp_avg"].clone(), "w": state["exp_avg_sq"].sqrt(), **after})  # fmt: skip
+                        "m_ref": state["exp_avg"].clone(), "w_ref": state["exp_avg_sq"].sqrt(), **after})  # fmt: skip
     model.finish_param_sync()
     ours = torch.cat([p.detach().flatten() for p in module.parameters()])
     theirs = torch.cat([p.detach().flatten() for p in reference.parameters()])
-    return {"records": records, "losses": losses, "start": start, "int8": ours.clone(), "fp32": theirs.clone()}
+    return {
+        "records": records,
+        "losses": losses,
+        "start": start,
+        "int8": ours.clone(),
+        "fp32": theirs.clone(),
+    }
 
 
 def moments8_same_data(ctx: Any, steps: int = 5) -> dict[str, Any]:
@@ -108,7 +118,9 @@ def moments8_resume(ctx: Any, steps: int = 4) -> dict[str, Any]:
     def train(steps: range, state=None, moments: str = "int8") -> dict[str, Any]:
         module = bf16_model(mixed=True)
         model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
-        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW8, "remainders": True, "moments": moments})
+        opt = DistributedAdamW(
+            model, param_groups(module), **{**ADAMW8, "remainders": True, "moments": moments}
+        )
         sched = make_scheduler(opt)
         if state is not None:
             module.load_state_dict(state["model"])

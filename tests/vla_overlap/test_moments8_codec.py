@@ -71,7 +71,9 @@ def test_the_second_moment_round_trips_as_its_square_root_and_never_becomes_zero
     w = _blocks(1).abs()
     codes, scales = _encode_w(w)
     a, w = scales.repeat_interleave(QBLOCK).double(), w.double()
-    flushed = w.view(-1, QBLOCK).amax(dim=1).repeat_interleave(QBLOCK) < W_FLOOR  # the floor: zero, tested below
+    flushed = (
+        w.view(-1, QBLOCK).amax(dim=1).repeat_interleave(QBLOCK) < W_FLOOR
+    )  # the floor: zero, tested below
     assert 0 < int(flushed.sum()) < len(w) // 2 and bool((a[flushed] == 0).all())
     error = (decode_w(codes, scales).double() - w).abs()[~flushed]
     a, w = a[~flushed], w[~flushed]

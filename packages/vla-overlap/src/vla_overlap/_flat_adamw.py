@@ -131,7 +131,7 @@ class FlatAdamW:
         self.stage_of_slot: dict[int, int] = {}  # set_stages: the update in stages, a fence after each
         self.stage_count, self.on_stage = 1, None
         self.relink()
-        if moments == "int8" and any(flat["align"] != QBLOCK for flat in self.buckets):
+        if moments == "int8" and any(flat.get("align", QBLOCK) != QBLOCK for flat in self.buckets):
             raise ValueError(f"8-bit moments need parameters and shards at multiples of {QBLOCK} elements")
 
     def relink(self) -> None:
