@@ -217,7 +217,7 @@ def run_set(root: Path, args) -> dict:
                         "readers": recorder.snapshot(),
                     }
                 )  # fmt: skip
-                next_tick += args.interval
+                next_tick = now + args.interval
                 if now - started >= 60 * args.minutes:
                     break
         if args.device.startswith("cuda"):

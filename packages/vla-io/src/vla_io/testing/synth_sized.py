@@ -190,89 +190,119 @@ def _write_data(
 
 def write_sized_v30(root: Path, cfg: SynthConfig, progress: bool = True, workers: int | None = None) -> None:
     """Write a v3.0 dataset whose files are sized as LeRobot sizes them, under `root` (exists, empty)."""
-    from tqdm.auto import tqdm
-
     workers = max(1, workers if workers is not None else os.cpu_count() or 1)
     lengths = np.asarray(cfg.lengths(), dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    keys = [layout.video_key(c) for c in cfg.cameras]
-    pool = pool_size(cfg)
-    copies = np.bincount(np.arange(cfg.episodes) % pool, minlength=pool)
-    meta: dict[str, list] = {}
-    image_stats: dict[str, list[dict]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory(prefix=".synth-pool-", dir=root) as tmp, _executor(workers) as executor:
-        jobs = {
-            (c, p): (cfg, c, p, int(starts[p]), int(lengths[p]), f"{tmp}/{c}-{p}.mp4")
-            for c in range(len(keys))
-            for p in range(pool)
-        }
-        futures = {executor.submit(_encode_pool_episode, job): key for key, job in jobs.items()}
-        pool_bytes = np.zeros((len(keys), pool))
-        bar = tqdm(total=len(jobs), desc=f"synth v3.0 encode pool ({cfg.codec})", disable=not progress)
-        for future in as_completed(futures):
-            c, p = futures[future]
-            pool_bytes[c, p], stats = future.result()
-            if stats is not None:
-                image_stats[keys[c]].append({**stats, "count": stats["count"] * copies[p]})
-            bar.update()
-        bar.close()
-        remuxes = []
-        for c, key in enumerate(keys):
-            paths = [jobs[c, p][-1] for p in range(pool)]
-            _check_same_codec_setup(paths)
-            source = np.arange(cfg.episodes) % pool
-            numbers = np.asarray(plan_files((pool_bytes[c, source] / MIB).tolist(), cfg.video_file_size_mb))
-            frames_before = np.zeros(cfg.episodes, dtype=np.int64)
-            for number in np.unique(numbers):
-                mine = np.flatnonzero(numbers == number)
-                frames_before[mine] = np.concatenate([[0], np.cumsum(lengths[mine])[:-1]])
-                chunk, file = divmod(int(number), layout.CHUNK_SIZE)
-                out = str(root / layout.V30_VIDEO.format(video_key=key, chunk_index=chunk, file_index=file))
-                job = (out, [paths[s] for s in source[mine]], lengths[mine].tolist(), cfg.fps)
-                remuxes.append((executor.submit(_remux, job), int(lengths[mine].sum()), len(mine)))
-            chunks, files = np.divmod(numbers, layout.CHUNK_SIZE)
-            meta[f"videos/{key}/chunk_index"] = chunks.tolist()
-            meta[f"videos/{key}/file_index"] = files.tolist()
-            meta[f"videos/{key}/from_timestamp"] = (frames_before / cfg.fps).tolist()
-            meta[f"videos/{key}/to_timestamp"] = ((frames_before + lengths) / cfg.fps).tolist()
+        pool = _encode_pool(executor, cfg, starts, lengths, tmp, progress)
+        videos, spans = _submit_videos(executor, root, cfg, lengths, pool)
         # the rows, while the workers write the videos
+        total = int(lengths.sum())
         episode_of_row = np.repeat(np.arange(cfg.episodes), lengths)
-        frame_of_row = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-        rows = ContentGenerator(cfg).rows_of(episode_of_row, frame_of_row, np.arange(int(lengths.sum())))
-        data_numbers = np.asarray(_write_data(root, cfg, rows, lengths, starts))
-        bar = tqdm(total=cfg.episodes * len(keys), desc="synth v3.0 write videos", disable=not progress)
-        expected = {id(f): (frames, n) for f, frames, n in remuxes}
-        for future in as_completed([f for f, _, _ in remuxes]):
-            path, frames = future.result()
-            if frames != expected[id(future)][0]:
-                raise RuntimeError(f"{path}: wrote {frames} frames, planned {expected[id(future)][0]}")
-            bar.update(expected[id(future)][1])
-        bar.close()
-    data_chunks, data_files = np.divmod(data_numbers, layout.CHUNK_SIZE)
-    meta = {
+        frame_of_row = np.arange(total) - np.repeat(starts, lengths)
+        rows = ContentGenerator(cfg).rows_of(episode_of_row, frame_of_row, np.arange(total))
+        data_files = np.asarray(_write_data(root, cfg, rows, lengths, starts))
+        _wait_for(videos, cfg.episodes * len(cfg.cameras), progress)
+    _write_meta(root, cfg, lengths, starts, rows, data_files, spans, pool.image_stats)
+
+
+class _Pool:
+    """The encoded pool: each camera's files, their sizes and their frames' statistics."""
+
+    def __init__(self, cameras: int, size: int) -> None:
+        self.paths = [[""] * size for _ in range(cameras)]
+        self.bytes = np.zeros((cameras, size))
+        self.image_stats: dict[int, list[dict]] = {c: [] for c in range(cameras)}
+
+
+def _encode_pool(executor: Executor, cfg: SynthConfig, starts, lengths, tmp: str, progress: bool) -> _Pool:
+    from tqdm.auto import tqdm
+
+    size = pool_size(cfg)
+    copies = np.bincount(np.arange(cfg.episodes) % size, minlength=size)
+    pool = _Pool(len(cfg.cameras), size)
+    futures = {}
+    for c in range(len(cfg.cameras)):
+        for p in range(size):
+            pool.paths[c][p] = f"{tmp}/{c}-{p}.mp4"
+            job = (cfg, c, p, int(starts[p]), int(lengths[p]), pool.paths[c][p])
+            futures[executor.submit(_encode_pool_episode, job)] = (c, p)
+    bar = tqdm(total=len(futures), desc=f"synth v3.0 encode pool ({cfg.codec})", disable=not progress)
+    for future in as_completed(futures):
+        c, p = futures[future]
+        pool.bytes[c, p], stats = future.result()
+        if stats is not None:  # weighted by the number of episodes that show this pool episode
+            pool.image_stats[c].append({**stats, "count": stats["count"] * copies[p]})
+        bar.update()
+    bar.close()
+    return pool
+
+
+def _submit_videos(executor: Executor, root: Path, cfg: SynthConfig, lengths, pool: _Pool):
+    """Plan each camera's files and submit one remux per file; returns {future: (frames, episodes)} and
+    the episodes' `videos/...` columns."""
+    videos, spans = {}, {}
+    source = np.arange(cfg.episodes) % pool_size(cfg)
+    for c, camera in enumerate(cfg.cameras):
+        key = layout.video_key(camera)
+        _check_same_codec_setup(pool.paths[c])
+        numbers = np.asarray(plan_files((pool.bytes[c, source] / MIB).tolist(), cfg.video_file_size_mb))
+        frames_before = np.zeros(cfg.episodes, dtype=np.int64)  # in the episode's file
+        for number in np.unique(numbers):
+            mine = np.flatnonzero(numbers == number)
+            frames_before[mine] = np.concatenate([[0], np.cumsum(lengths[mine])[:-1]])
+            chunk, file = divmod(int(number), layout.CHUNK_SIZE)
+            out = str(root / layout.V30_VIDEO.format(video_key=key, chunk_index=chunk, file_index=file))
+            job = (out, [pool.paths[c][s] for s in source[mine]], lengths[mine].tolist(), cfg.fps)
+            videos[executor.submit(_remux, job)] = (int(lengths[mine].sum()), len(mine))
+        chunks, files = np.divmod(numbers, layout.CHUNK_SIZE)
+        spans[f"videos/{key}/chunk_index"] = chunks.tolist()
+        spans[f"videos/{key}/file_index"] = files.tolist()
+        spans[f"videos/{key}/from_timestamp"] = (frames_before / cfg.fps).tolist()
+        spans[f"videos/{key}/to_timestamp"] = ((frames_before + lengths) / cfg.fps).tolist()
+    return videos, spans
+
+
+def _wait_for(videos: dict, total: int, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="synth v3.0 write videos", unit="episode", disable=not progress)
+    for future in as_completed(videos):
+        path, frames = future.result()
+        planned, episodes = videos[future]
+        if frames != planned:
+            raise RuntimeError(f"{path}: wrote {frames} frames, planned {planned}")
+        bar.update(episodes)
+    bar.close()
+
+
+def _write_meta(root: Path, cfg: SynthConfig, lengths, starts, rows, data_files, spans, image_stats) -> None:
+    """meta/: the episodes index, tasks, statistics, modality and, last, info.json."""
+    data_chunks, data_numbers = np.divmod(data_files, layout.CHUNK_SIZE)
+    episodes = {
         "episode_index": list(range(cfg.episodes)),
         "tasks": [[cfg.tasks[e % len(cfg.tasks)]] for e in range(cfg.episodes)],
         "length": lengths.tolist(),
         "data/chunk_index": data_chunks.tolist(),
-        "data/file_index": data_files.tolist(),
+        "data/file_index": data_numbers.tolist(),
         "dataset_from_index": starts.tolist(),
         "dataset_to_index": (starts + lengths).tolist(),
-        **meta,
+        **spans,
         **(_episode_stats(rows, starts, lengths) if cfg.stats else {}),
         "meta/episodes/chunk_index": [0] * cfg.episodes,
         "meta/episodes/file_index": [0] * cfg.episodes,
     }
     path = root / layout.V30_EPISODES.format(chunk_index=0, file_index=0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(meta), path)
+    pq.write_table(pa.table(episodes), path)
     layout.write_tasks_parquet(root / "meta/tasks.parquet", cfg.tasks)
     if cfg.stats:
         stats = {k: feature_stats(v.reshape(len(v), -1) if v.ndim == 1 else v) for k, v in rows.items()}
-        for key, parts in image_stats.items():  # each pool episode's frames, weighted by its copies
+        for c, parts in image_stats.items():
+            key = layout.video_key(cfg.cameras[c])
             stats[key] = aggregate_stats([{key: part} for part in parts])[key]
         layout.write_json(root / "meta/stats.json", stats_to_json(stats))
     if cfg.modality:
         layout.write_json(root / "meta/modality.json", layout.modality_json(cfg))
-    layout.write_json(
-        root / "meta/info.json", layout.info_json(cfg, lengths.tolist())
-    )  # last: the dataset is complete
+    info = layout.info_json(cfg, lengths.tolist())
+    layout.write_json(root / "meta/info.json", info)  # last: a dataset with info.json is complete
