@@ -351,6 +351,6 @@ def test_undecodable_samples_are_skipped_up_to_the_budget(
     # The default budget (1% of the samples) is exceeded at once: exit 2, naming the setting.
     code, err = _run_cli(train_args(dataset_copy, tmp_path / "strict"), capsys)
     assert (
-        code == 2 and "samples failed to decode and were skipped, more than data.max_bad_fraction=0.01" in err
+        code == 2 and "and were skipped, more than data.max_bad_fraction=0.01" in err
     )
     assert "vla-io check DATASET" in err

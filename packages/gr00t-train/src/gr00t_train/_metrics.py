@@ -95,7 +95,7 @@ class RunSummary:
     optimizer_overlapped_s: float = 0.0
     """GPU time of the optimizer step on its side stream, overlapping the next step (optimizer_overlap)."""
     skipped_samples: int = 0
-    """Samples whose video failed to decode, replaced by others (all ranks, the whole run)."""
+    """Samples whose video could not be read (decode error, another frame size, missing frames), replaced by others (all ranks, the whole run)."""
     validation: dict[str, Any] | None = None
     """The session's last validation (eval.every on the held-out episodes): step, samples, and overall and
     per joint group (`groups`) the model's MSE, the mean-action baseline's MSE and their ratio (normalized
@@ -131,7 +131,7 @@ class RunSummary:
         rows.append(("h2d (overlapped)", f"{1000 * self.h2d_s:.1f} ms"))
         if self.optimizer_overlapped_s:
             rows.append(("optimizer (overlapped)", f"{1000 * self.optimizer_overlapped_s:.1f} ms"))
-        rows.append(("skipped samples", f"{self.skipped_samples} (failed to decode)"))
+        rows.append(("skipped samples", f"{self.skipped_samples} (unreadable video)"))
         if self.validation is not None:
             rows.append((
                 f"validation (step {self.validation['step']})",

@@ -128,7 +128,7 @@ class RunChecks:
         fraction = self.cfg.data.max_bad_fraction
         if self.skipped and self.skipped > fraction * max(seen, dataset_size):
             raise DataError(
-                f"{self.skipped} of {seen} samples failed to decode and were skipped, more than "
+                f"{self.skipped} of {seen} samples could not be read (a video that fails to decode, frames of another size, missing frames) and were skipped, more than "
                 f"data.max_bad_fraction={fraction:g} allows (of at least one epoch of {dataset_size}); the "
                 "warnings above name the files. `vla-io check DATASET` lists every bad file, episode and frame"
             )
