@@ -331,3 +331,20 @@ def test_a_resume_may_move_the_cache_but_not_switch_it() -> None:
         "data.prefix_cache.dir": "harmless",
         "data.prefix_cache.variants": "trajectory",
     }
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_a_build_that_cannot_fit_is_refused_before_it_starts(
+    dataset, tmp_path, env, monkeypatch, dtype
+) -> None:
+    cfg = _cfg(dataset, tmp_path / "a", "data.prefix_cache.mode=memory", f"data.prefix_cache.dtype={dtype}")
+    store = _build.build_parts(cfg, env).data.store
+    needed = store.arrays["hidden"].nbytes + (store.arrays["scale"].nbytes if dtype == "fp8" else 0)
+    monkeypatch.setattr(_prefix_cache, "_available_memory", lambda: needed)  # 90% of it is all a build takes
+    with pytest.raises(ConfigError, match="data.prefix_cache.mode: memory: the cache needs .* host memory"):
+        _build.build_parts(
+            _cfg(
+                dataset, tmp_path / "b", "data.prefix_cache.mode=memory", f"data.prefix_cache.dtype={dtype}"
+            ),
+            env,
+        )

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,7 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
         store, times = FeatureStore.open(final), {"build_s": 0.0, "first_batch_s": 0.0}
         log.info("prefix cache: reusing %s (%.2f GB)", final, store.nbytes() / 1e9)
     else:
+        _check_room(final, expected_bytes(cfg, model, processor, len(data.dataset)))
         _say_building(cfg, final, depth, len(data.dataset))
         temporary = None if final is None else final.with_name(f".tmp-{digest[:16]}-{os.getpid()}")
         progress = env.is_main and cfg.logging.progress
@@ -172,6 +174,48 @@ def compile_like_training(cfg: TrainConfig, device: torch.device, model) -> bool
         return False
     model.compile_blocks()
     return True
+
+
+def expected_bytes(cfg: TrainConfig, model, processor, count: int) -> int:
+    """The features' bytes a build will store (the per-sample state, action and masks add a few percent)."""
+    settings = cfg.data.prefix_cache
+    tokens = processor.config.vlm_seq_len * count * settings.variants
+    per_token = model.config.llm_hidden_size * {"bf16": 2, "fp32": 4, "fp8": 1}[settings.dtype]
+    return tokens * (per_token + (4 if settings.dtype == "fp8" else 0))
+
+
+def _check_room(final: Path | None, needed: int) -> None:
+    """Refuse a build that cannot fit, before it starts: host memory (MemAvailable) for mode=memory, the
+    folder's free disk space for mode=disk."""
+    hint = "fewer data.prefix_cache.variants or data.prefix_cache.dtype=fp8"
+    if final is None:
+        available = _available_memory()
+        if available is not None and needed > 0.9 * available:
+            raise ConfigError(
+                SETTING,
+                f"memory: the cache needs {needed / 1e9:.1f} GB of host memory and {available / 1e9:.1f} GB "
+                f"are available; use {SETTING}=disk, or {hint}",
+            )
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(final.parent).free
+    if needed > free:
+        raise ConfigError(
+            "data.prefix_cache.dir",
+            f"the cache needs {needed / 1e9:.1f} GB and {final.parent} has {free / 1e9:.1f} GB free; choose "
+            f"another folder, or {hint}",
+        )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _say_building(cfg: TrainConfig, final: Path | None, depth: int, count: int) -> None:
