@@ -39,6 +39,8 @@ class CachedSource:
     ) -> None:  # fmt: skip
         import vla_io
 
+        if device.type == "cuda" and device.index is None:  # the thread sets its device by index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.store, self.device, self.ahead = store, device, ahead
         self.variants = int(store.meta["variants"])
         self.sampler = vla_io.EpochSampler(
