@@ -1,7 +1,8 @@
 """Copies of a checkpoint's state in host memory, taken after the update finished, so a background thread can
-write them while training changes the originals. The loop only queues copies; it never waits for them.
+write them while training changes the originals. The loop queues the copies; it waits for them only where
+said below.
 
-Every copy lands in a slot of a `HostPool` (allocated once, pinned on CUDA, reused by every save). Two kinds
+Every copy lands in a slot of a `HostPool` (allocated once, pinned on CUDA, reused by every save). The kinds
 of copy, by what may change the original next:
 
 - `copy(tree)`: on the current stream. Every later kernel on it (the next step's forward included) is queued
@@ -10,11 +11,12 @@ of copy, by what may change the original next:
 - `copy(tree, guarded=True)`: state that only the optimizer changes (its fp32 masters and moments, 19.4 GB
   for n1.6-3b), copied to the host on a copy stream of its own, beside the next step's forward and backward.
   When the device has room for it (`device_room`: free memory less the headroom the steps' peak needs), the
-  state is first copied on the device, on the current stream (about 15 ms for 19.4 GB on an H200), and the
-  host copies read that snapshot: nothing waits for them. Otherwise they read the originals, and
-  `before_update` (an optimizer step pre-hook) makes the stream the update runs on wait for them, so the
-  update cannot change a tensor still being copied: the loop then waits only as long as the copies (about
-  0.4 s over PCIe for n1.6-3b) outlast the next step's forward and backward.
+  state is first copied on the device, on the current stream (19.4 GB read and written at an H200's
+  4.8 TB/s: ~10 ms, an estimate), and the host copies read that snapshot: nothing waits for them. Otherwise
+  they read the originals, and `before_update` (an optimizer step pre-hook) makes the stream the update
+  runs on wait for them, so the update cannot change a tensor still being copied: the loop then waits only
+  as long as the copies (19.4 GB at PCIe 5's ~50 GB/s: ~0.4 s, an estimate) outlast the next step's forward
+  and backward. benchmarks/probes/checkpoint_stall.py measures both.
 - `keep(tensor)`: a tensor made for this save (ZeRO-1's gathered buckets at more than one rank), copied on
   the copy stream and held until its copy ended; past `held_limit` bytes held, the loop waits for the copies.
 
@@ -34,8 +36,6 @@ import torch
 
 from ._host_pool import ALIGN, HostPool, nbytes
 
-HELD_MARGIN = 4 << 30
-"""Device memory left free when gathered buckets wait for their copies (`keep`)."""
 SNAPSHOT_MARGIN = 2 << 30
 """Device memory left free, beyond the steps' own headroom, when the state is copied on the device first."""
 
@@ -95,9 +95,8 @@ class Staging:
         self.pool.rewind()
         self._held, self._held_storages, self._held_bytes, self.waits = [], set(), 0, 0
         self._guard, self.snapshot_bytes = False, 0
-        if self.cuda:
-            free, _ = torch.cuda.mem_get_info(self.device)
-            self.held_limit = max(1 << 30, free - HELD_MARGIN)
+        if self.cuda:  # gathered buckets held until copied take what a snapshot would (the next step runs)
+            self.held_limit = max(1 << 30, device_room(self.device))
 
     def copy(self, tree: Any, *, guarded: bool = False, fresh_cpu: bool = False) -> Any:
         """`tree` with every tensor copied into the pool (see the module docstring for `guarded`); dicts,
