@@ -281,11 +281,13 @@ def _forever(pipe):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    names = [s.strip() for s in args.sets.split(",") if s.strip()]
+    made = {name: make_set(args, name) for name in names}  # all written first: no fork after CUDA starts
     results = {}
-    for name in [s.strip() for s in args.sets.split(",") if s.strip()]:
-        root, made_s = make_set(args, name)
-        made = f"written in {made_s:.1f} s" if made_s is not None else "existing"
-        print(f"{name}: {root} ({made})", file=sys.stderr)
+    for name in names:
+        root, made_s = made[name]
+        written = f"written in {made_s:.1f} s" if made_s is not None else "existing"
+        print(f"{name}: {root} ({written})", file=sys.stderr)
         results[name] = {"root": str(root), "synth_s": made_s, **describe_files(root), **run_set(root, args)}
         r = results[name]
         print(

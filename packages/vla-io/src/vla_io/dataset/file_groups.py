@@ -3,8 +3,8 @@
 In LeRobot v2.x every episode has its own files, so the episode is the natural key. In v3.0 hundreds of
 episodes share one file per camera; routing by episode would send every file's episodes to every worker,
 and once a worker touches more files than its reader cache holds, it closes and reopens files for nearly
-every sample (measured: 4,776 opens for 6,832 samples). Keyed by their files, each worker reads only the
-files of its own episodes.
+every sample (`benchmarks/io_scale.py --max-open-videos` below the file count shows it). Keyed by their
+files, each worker reads only the files of its own episodes.
 """
 
 from __future__ import annotations
