@@ -48,7 +48,7 @@ def parse() -> argparse.Namespace:
         "--dataset", type=Path, help="a LeRobot dataset (default: a synthetic one written to --out)"
     )
     p.add_argument("--synthetic-size", choices=sorted(SYNTHETIC), default="small")
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=10, help="leading steps left out of samples/s")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--out", type=Path, default=Path("/tmp/prefix_cache_bench"))
