@@ -19,6 +19,9 @@ SUBPACKAGES = {
         "DatasetMeta",
         "Episode",
         "LeRobotDataset",
+        "MIXTURE_KEY",
+        "MixtureDataset",
+        "MixtureMember",
         "Modality",
         "ModalityEntry",
         "VideoSpan",
@@ -32,7 +35,7 @@ SUBPACKAGES = {
         "check_dataset",
         "open_reader",
     ],
-    "pipeline": ["EpochSampler", "Pipeline", "PipelineConfig", "collate"],
+    "pipeline": ["EpochSampler", "MixtureSampler", "Pipeline", "PipelineConfig", "collate"],
     "augment": ["ImageAugment", "ImageParams", "ImageTransformConfig", "sample_params"],
     "testing": [
         "SYNTH_PRESETS",

@@ -273,7 +273,7 @@ def test_affinity_is_automatic(dataset, synth_root):
     assert not use_affinity(object(), True)  # a dataset without affinity() cannot be routed
 
 
-def test_affinity_routes_each_episode_to_one_worker(dataset):
+def test_affinity_routes_each_file_group_to_one_worker(dataset):
     from vla_io.pipeline.routing import AffinityRouter, assemble, plan_parts
 
     sampler = EpochSampler(len(dataset), 16, seed=4)
@@ -284,15 +284,15 @@ def test_affinity_routes_each_episode_to_one_worker(dataset):
         plan = plan_parts(task, 3, router, turn=b)
         assert sorted(np.concatenate([p for _, p in plan]).tolist()) == list(range(16))
         for worker, positions in plan:
-            for episode in dataset.affinity(task.indices[positions]):
-                assert owner.setdefault(int(episode), worker) == worker
+            for group in dataset.affinity(task.indices[positions]):
+                assert owner.setdefault(int(group), worker) == worker
         parts = [dataset.get_batch(task.indices[p]) for _, p in plan]
         whole = dataset.get_batch(task.indices)
         assert torch.equal(
             assemble(parts, [p for _, p in plan])["observation.images.image"],
             whole["observation.images.image"],
         )
-    assert len(set(owner.values())) == 3  # three episodes, three workers: one each
+    assert len(set(owner.values())) == 2  # episodes 0-1 share their files, episode 2 has its own
     ((worker, positions),) = plan_parts(task, 3, None, turn=5)
     assert worker == 2 and positions.tolist() == list(range(16))
 

@@ -208,3 +208,20 @@ def test_cli_writes_a_sized_dataset(tmp_path, capsys):
 def test_bad_sizes_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):
         SynthConfig(**changes)
+
+
+def test_v30_workers_keep_their_files_when_the_files_outnumber_a_workers_cache(sized_root):
+    """Routed by file, not by episode: with a cache smaller than the dataset's files, each worker still
+    reads only its own files and never closes one (by episode, every worker read every file, reopening
+    files for nearly every sample)."""
+    meta = DatasetMeta(sized_root)
+    files = len({str(ep.videos[k].path) for ep in meta.episodes for k in meta.video_keys})
+    ds = _CountingDataset(sized_root, image_dtype="uint8", max_open_videos=files - 1, progress=False)
+    assert ds.prefers_affinity()
+    seen: dict[int, int] = {}
+    with Pipeline(ds, 16, num_workers=2, seed=0, device="cpu") as pipe:
+        for _ in range(2):
+            for batch in pipe:
+                for pid, _, opened in batch["readers"].tolist():
+                    seen[pid] = max(opened, seen.get(pid, 0))
+    assert len(seen) == 2 and all(opened < files for opened in seen.values())

@@ -16,6 +16,7 @@ from ..decode.frames import FrameFetcher, FrameRequest
 from ..decode.readers import BACKENDS, ReaderCache
 from ..decode.sizes import camera_sizes
 from ..pipeline.shm import shared_empty, to_shared
+from .file_groups import file_group_keys
 from .meta import DatasetMeta, Episode
 from .table import FrameTable, index_ranges, unknown_task_reason, unknown_task_rows
 
@@ -87,6 +88,7 @@ class LeRobotDataset:
         sizes = camera_sizes(self.meta, self._episodes, self.video_keys, self.video_backend)
         self._fetcher = FrameFetcher(readers, self.fps, tolerance_s, strict, sizes)
         self.frame_cache: Any = None  # a FrameCache, set by FrameCache.attach
+        self._file_groups = file_group_keys(self._episodes, self.video_keys)  # routing keys, see affinity
 
     # -- LeRobot-style properties -------------------------------------------------------------------
     @property
@@ -115,8 +117,9 @@ class LeRobotDataset:
         return [e.index for e in self._episodes]
 
     def affinity(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        """A key per sample for routing work: its episode (position), i.e. the video files it reads."""
-        return self._table.row_episode[np.asarray(indices, dtype=np.int64)]
+        """A key per sample for routing work: the video files it reads (v2.x: its episode's own files;
+        v3.0: the files many episodes share, so that each file is read by one worker, not by all)."""
+        return self._file_groups[self._table.row_episode[np.asarray(indices, dtype=np.int64)]]
 
     def prefers_affinity(self) -> bool:
         """True when the dataset has more video files than one worker keeps open (`max_open_videos`):
