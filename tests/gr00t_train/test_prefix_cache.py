@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import gr00t_model
 import gr00t_train
@@ -348,3 +349,33 @@ def test_a_build_that_cannot_fit_is_refused_before_it_starts(
             ),
             env,
         )
+
+
+def test_a_build_cut_short_leaves_nothing_usable(dataset, tmp_path, env, monkeypatch) -> None:
+    """A build stopped half-way removes its temporary folder; one whose process was killed is removed by the
+    next build of the same cache. Neither ever looks like a complete cache."""
+    from gr00t_train import _prefix_cache_build
+
+    sets = ("data.prefix_cache.mode=disk", f"data.prefix_cache.dir={tmp_path / 'caches'}")
+    original, calls = _prefix_cache_build.FeatureStore.write, []
+
+    def write_then_stop(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 3:
+            raise KeyboardInterrupt  # as if stopped while writing
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(_prefix_cache_build.FeatureStore, "write", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        _build.build_parts(_cfg(dataset, tmp_path / "a", *sets), env)
+    monkeypatch.undo()
+    assert not list((tmp_path / "caches").iterdir())
+
+    name = _build.build_parts(_cfg(dataset, tmp_path / "b", *sets), env).facts["prefix_cache"]["folder"]
+    name = name.rsplit("/", 1)[1]
+    shutil.rmtree(tmp_path / "caches" / name)
+    killed = tmp_path / "caches" / f".tmp-{name}-999999999"  # a process id that is not running
+    killed.mkdir()
+    (killed / "hidden.bin").write_bytes(b"partial")
+    facts = _build.build_parts(_cfg(dataset, tmp_path / "c", *sets), env).facts["prefix_cache"]
+    assert not facts["reused"] and [p.name for p in (tmp_path / "caches").iterdir()] == [name]

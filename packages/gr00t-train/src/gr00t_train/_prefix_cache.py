@@ -38,7 +38,7 @@ from ._optimizations import resolve_optimizations
 from ._parts import TrainParts
 from ._prefix_cache_build import build_store
 from ._prefix_cache_source import CachedSource
-from ._prefix_cache_store import FeatureStore, dequantize
+from ._prefix_cache_store import FeatureStore, dequantize, remove_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,16 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
         _check_room(final, expected_bytes(cfg, model, processor, len(data.dataset)))
         _say_building(cfg, final, depth, len(data.dataset))
         temporary = None if final is None else final.with_name(f".tmp-{digest[:16]}-{os.getpid()}")
+        for path in [] if final is None else remove_abandoned(final.parent, digest[:16]):
+            log.info("prefix cache: removed %s, a build that did not finish", path)
         progress = env.is_main and cfg.logging.progress
-        store, times = build_store(cfg, model, data, processor, env.device, meta, temporary, progress)
-        store = store.finish(final)
+        try:
+            store, times = build_store(cfg, model, data, processor, env.device, meta, temporary, progress)
+            store = store.finish(final)
+        except BaseException:  # a half-written cache is never kept (a killed process's: the next build's)
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
         log.info(
             "prefix cache: built %d samples x %d variant(s) in %.1f s, %.2f GB %s",
             len(data.dataset), settings.variants, times["build_s"], store.nbytes() / 1e9,

@@ -88,7 +88,10 @@ class FeatureStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        if final.exists():  # an older, incomplete or unreadable one: replaced
+        if (FeatureStore.read_meta(final) or {}).get("fingerprint") == self.meta["fingerprint"]:
+            shutil.rmtree(self.folder)  # another run finished the same cache first: use theirs
+            return FeatureStore.open(final)
+        if final.exists():  # an incomplete or unreadable one: replaced
             shutil.rmtree(final)
         os.replace(self.folder, final)
         return FeatureStore.open(final)
@@ -115,6 +118,23 @@ class FeatureStore:
     def nbytes(self) -> int:
         """Bytes the arrays take."""
         return sum(a.numel() * a.element_size() for a in self.arrays.values())
+
+
+def remove_abandoned(folder: Path, stem: str) -> list[Path]:
+    """Remove `folder`'s temporary build folders `.tmp-<stem>-<pid>` whose process is gone (a build cut
+    short); returns them."""
+    removed = []
+    for path in folder.glob(f".tmp-{stem}-*") if folder.is_dir() else []:
+        try:
+            os.kill(int(path.name.rsplit("-", 1)[1]), 0)
+            continue  # its process still runs (perhaps building right now)
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue  # not ours to judge
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _mapped(path: Path, shape: list[int], dtype: torch.dtype, mode: str) -> torch.Tensor:
