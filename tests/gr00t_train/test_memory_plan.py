@@ -207,7 +207,8 @@ def _planned(tmp_path, budget_gib, *overrides, world_size=1):
 def _predicted_gib(tmp_path, *overrides) -> float:
     cfg = _cfg(tmp_path, "model.preset=n1.6-3b", "data.batch_size=16", *overrides)
     model, shapes = budget.meta_model(cfg, CPU)
-    return predict(model, cfg, world_size=1, device_type="cpu", shapes=shapes).total / GiB
+    moments = budget.resolved_moments(cfg)
+    return predict(model, cfg, world_size=1, device_type="cpu", shapes=shapes, moments=moments).total / GiB
 
 
 def test_the_chooser_adds_techniques_cheapest_first(tmp_path, monkeypatch) -> None:
@@ -230,13 +231,47 @@ def test_the_chooser_adds_techniques_cheapest_first(tmp_path, monkeypatch) -> No
 def test_int8_moments_come_before_recomputing_the_llm(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(budget, "int8_moments_available", lambda: True)
     zero1 = "optimizations.comm=zero1_overlap"  # the sharded optimizer holds the moments
-    dit = _predicted_gib(tmp_path, "memory.recompute=[dit]", zero1)
-    cfg, plan = _planned(tmp_path, (dit - 1.0) / budget.HEADROOM, zero1)
+    int8 = _predicted_gib(tmp_path, zero1, "memory.adam_moments=int8")
+    both = _predicted_gib(tmp_path, zero1, "memory.adam_moments=int8", "memory.recompute=[dit]")
+    dit = _predicted_gib(tmp_path, zero1, "memory.recompute=[dit]")
+    assert both + 0.01 < min(int8, dit)  # neither alone fits
+    cfg, plan = _planned(tmp_path, (both + 0.01) / budget.HEADROOM, zero1)
     assert plan.techniques == ["recompute dit", "8-bit AdamW moments"]
-    assert cfg.memory.adam_moments == "int8" and plan.moments == "int8"
-    assert (
-        plan.prediction.parts["moments"] < _planned(tmp_path, 1000, zero1)[1].prediction.parts["moments"] / 3
-    )
+    assert cfg.memory.adam_moments == "int8" and plan.moments == "int8" and cfg.memory.recompute == ["dit"]
+
+
+def test_a_technique_a_later_one_makes_unneeded_is_left_out(tmp_path, monkeypatch) -> None:
+    """Recomputing the DiT came first but does not fit; with 8-bit moments added, the moments alone fit."""
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: True)
+    zero1 = "optimizations.comm=zero1_overlap"
+    int8 = _predicted_gib(tmp_path, zero1, "memory.adam_moments=int8")
+    assert int8 < _predicted_gib(tmp_path, zero1, "memory.recompute=[dit]")
+    cfg, plan = _planned(tmp_path, (int8 + 0.01) / budget.HEADROOM, zero1)
+    assert plan.techniques == ["8-bit AdamW moments"] and cfg.memory.recompute == []
+
+
+@pytest.mark.parametrize(
+    "budget_gib, techniques",
+    [
+        (48, []),
+        (32, ["no master remainders", "recompute dit"]),
+        (24, ["no master remainders", "8-bit AdamW moments"]),
+    ],
+)
+def test_n16_3b_on_an_h200_class_gpu(tmp_path, monkeypatch, budget_gib, techniques) -> None:
+    """The benchmark's budgets as the planner sees them on a CUDA device (planned on the meta device, so a
+    CPU host can check them): the release trainable set at batch 16, bf16 weights, the flat step."""
+    monkeypatch.setattr(budget, "int8_moments_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda = torch.device("cuda")
+    sets = ["data.batch_size=16", f"output_dir={tmp_path}", f"memory.budget_gib={budget_gib}"]
+    cfg = resolve_optimizations(gr00t_train.load_config(overrides=sets), cuda)[0]  # the defaults
+    env = SimpleNamespace(device=cuda, world_size=1, is_main=False)
+    planned, plan = budget.plan_for_budget(cfg, env)
+    assert plan.techniques == techniques
+    assert plan.prediction.total <= budget.HEADROOM * budget_gib * GiB
+    assert planned.optimizations.param_remainders == ("no master remainders" not in techniques)
+    assert (planned.data.batch_size, planned.optim.grad_accum) == (16, 1)
 
 
 def test_a_smaller_microbatch_keeps_the_effective_batch(tmp_path, monkeypatch) -> None:

@@ -2,9 +2,10 @@
 
 `plan_for_budget` predicts the peak (`_memory_plan`) of the model the run will build (built on the meta
 device: the same parameters, dtypes and prepared frozen copies, no memory), then adds techniques in order of
-their cost to speed until the prediction fits: recompute the DiT blocks, 8-bit AdamW moments (where
-vla-overlap offers them), recompute the trainable LLM layers, then halve the microbatch with gradient
-accumulation so the effective batch stays. Settings the user gave (memory.recompute, memory.adam_moments,
+their cost to speed until the prediction fits: the flat step's master remainders dropped
+(optimizations.param_remainders=false), recompute the DiT blocks, 8-bit AdamW moments (where vla-overlap
+offers them), recompute the trainable LLM layers, then halve the microbatch with gradient accumulation so the
+effective batch stays. Settings the user gave (memory.recompute, memory.adam_moments,
 optim.grad_accum) are kept as given. Nothing fitting stops the run (exit 2) naming memory.budget_gib.
 The chosen techniques and the prediction per component are logged in one block; after step 1 the trainer
 logs the measured peak beside it, and both go into summary.json."""
@@ -30,8 +31,8 @@ CAP_ENV = "GR00T_TRAIN_MEMORY_CAP_GIB"
 (torch.cuda.set_per_process_memory_fraction), to emulate a smaller card on a large one."""
 NOT_AVAILABLE = {
     "optimizer state offload": "not implemented",
-    "fp32 masters as bf16 + remainder only": "vla-overlap keeps the fp32 masters allocated (checkpoints read "
-    "them) beside the remainders",
+    "fp32 masters held only as bf16 + remainder": "vla-overlap keeps the fp32 masters allocated (checkpoints "
+    "read them) beside the remainders; the planner drops the remainders instead",
     "optimizations.fp8_frozen": "keeps the bf16 weights (checkpoints and the state dict need them) and adds "
     "an FP8 copy: it costs memory, never saves it",
 }
@@ -132,28 +133,43 @@ def plan_for_budget(cfg: TrainConfig, env) -> tuple[TrainConfig, MemoryPlan | No
         return cfg, None
     model, shapes = meta_model(cfg, env.device)
     steps, kept = ladder(cfg)
-    candidate, chosen, best = cfg, [], None
-    for name, change in [("", None), *steps]:
-        if change is not None:
-            candidate, chosen = change(candidate), [*chosen, name]
+
+    def trial(chosen: list) -> tuple:
+        """(config, moments, prediction) with the techniques `chosen` (name, change) applied in order."""
+        candidate = cfg
+        for _, change in chosen:
+            candidate = change(candidate)
         moments = resolved_moments(candidate)
         prediction = predict(model, candidate, world_size=env.world_size, device_type=env.device.type,
                              shapes=shapes, moments=moments)  # fmt: skip
-        if best is None or prediction.total < best[3].total:  # the smallest, for the refusal
-            best = (candidate, chosen, moments, prediction)
-        if prediction.total <= HEADROOM * budget * GiB:
-            break
-    else:
-        candidate, chosen, moments, prediction = best
+        return candidate, moments, prediction
+
+    def fits(prediction: Prediction) -> bool:
+        return prediction.total <= HEADROOM * budget * GiB
+
+    tried = [(steps[:k], *trial(steps[:k])) for k in range(len(steps) + 1)]
+    fitting = next((t for t in tried if fits(t[3])), None)
+    if fitting is None:
+        chosen, _, _, prediction = min(tried, key=lambda t: t[3].total)
         gib = prediction.gib()
         parts = ", ".join(f"{k.replace('_', ' ')} {gib[k]:.2f}" for k in COMPONENTS)
+        names = ", ".join(name for name, _ in chosen) or "as set"
         raise ConfigError(
             "memory.budget_gib",
-            f"{budget:g} GiB per GPU cannot hold this run: its smallest plan ({', '.join(chosen) or 'as set'}) "
-            f"predicts a peak of {gib['total']:.2f} GiB ({parts}), over {HEADROOM:.0%} of the budget (the "
-            f"allocator's slack). Raise "
-            "the budget, train fewer layers (model.tune_top_llm_layers) or use LoRA (model.lora.rank)",
+            f"{budget:g} GiB per GPU cannot hold this run: its smallest plan ({names}) predicts a peak of "
+            f"{gib['total']:.2f} GiB ({parts}), over {HEADROOM:.0%} of the budget (the allocator's slack). "
+            "Raise the budget, train fewer layers (model.tune_top_llm_layers) or use LoRA (model.lora.rank)",
         )
+    chosen = fitting[0]
+    # The ladder added techniques one by one; one added earlier may be unneeded once a later one is in (8-bit
+    # moments alone may fit where recomputing came first): leave out each that the rest fits without, the
+    # costliest first. Microbatches replace one another and are left as found.
+    for step in reversed(chosen[:-1]):
+        rest = [s for s in chosen if s is not step]
+        if not step[0].startswith("microbatch") and fits(trial(rest)[2]):
+            chosen = rest
+    candidate, moments, prediction = trial(chosen)
+    chosen = [name for name, _ in chosen]
     # int8 chosen is recorded as such; fp32 stays `auto`, as runs without a budget record it
     final = _memory(candidate, adam_moments="int8") if moments == "int8" else candidate
     plan = MemoryPlan(
@@ -188,6 +204,11 @@ def ladder(cfg: TrainConfig) -> tuple[list, list[str]]:
     def recompute(block: str):
         return lambda c: _memory(c, recompute=sorted({*c.memory.recompute, block}))
 
+    opts = cfg.optimizations
+    if opts.param_remainders and opts.bf16_weights == "on" and opts.flat_optimizer == "on":
+        # the flat step's 16-bit remainders sit beside the fp32 masters: 2 bytes per trainable parameter
+        # (3 GiB for n1.6-3b) for about 0.6% of speed (BENCHMARKS.md, levers tried)
+        steps.append(("no master remainders", lambda c: _optimizations(c, param_remainders=False)))
     if cfg.memory.recompute:
         kept.append(f"memory.recompute={list(cfg.memory.recompute)}")
     else:
@@ -214,6 +235,10 @@ def _halving(batch: int, micro: int) -> bool:
 
 def _memory(cfg: TrainConfig, **changes) -> TrainConfig:
     return dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, **changes))
+
+
+def _optimizations(cfg: TrainConfig, **changes) -> TrainConfig:
+    return dataclasses.replace(cfg, optimizations=dataclasses.replace(cfg.optimizations, **changes))
 
 
 def _microbatch(micro: int, accum: int):
