@@ -4,8 +4,8 @@ Pinning host memory is slow (cudaHostAlloc pins page by page: seconds for n1.6-3
 state), so the pool is not allocated per save. It is a list of chunks (pinned on CUDA, so device-to-host
 copies run asynchronously at full PCIe speed; plain memory on CPU); `reserve_in_background` fills it at
 start-up from an estimate, beside training. A save takes its slots in order (`rewind`, then `take`): the
-next free place of the current chunk, else the next chunk with room, else a new chunk. The same sequence
-of tensors therefore lands in the same places every save.
+first chunk with room for the tensor holds it after the slots already taken there, else a new chunk. The
+same sequence of tensors therefore lands in the same places every save.
 
 Each slot is a tensor with a storage of its own, exactly its bytes (a NumPy view of the chunk made into a
 tensor): torch.save writes each tensor, never the chunk around it, and safetensors sees no shared storage.
@@ -46,7 +46,7 @@ class HostPool:
         self.pinned = pinned
         self._chunks: list[torch.Tensor] = []  # uint8, one storage each
         self._arrays: list = []  # NumPy views of the chunks: slots are cut from these
-        self._at = (0, 0)  # (chunk, byte offset) of the next slot
+        self._fill: list[int] = []  # bytes taken from each chunk by this save
         self._lock = threading.Lock()
         self._reserving: threading.Thread | None = None
         self.grown = 0
@@ -61,6 +61,7 @@ class HostPool:
         chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
         self._chunks.append(chunk)
         self._arrays.append(chunk.numpy())
+        self._fill.append(0)
 
     def reserve(self, total: int) -> None:
         """Hold at least `total` bytes in chunks."""
@@ -90,7 +91,7 @@ class HostPool:
     def rewind(self) -> None:
         """A save starts: its slots are taken from the start again (the previous save's write has ended)."""
         self.join()
-        self._at, self.grown = (0, 0), 0
+        self._fill, self.grown = [0] * len(self._chunks), 0
 
     def take(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The next slot: a contiguous tensor of `shape` and `dtype` in a storage of its own (its contents
@@ -98,13 +99,15 @@ class HostPool:
         size = nbytes(shape, dtype)
         need = _round_up(size, ALIGN)
         with self._lock:
-            chunk, offset = self._at
-            while chunk < len(self._chunks) and offset + need > self._chunks[chunk].numel():
-                chunk, offset = chunk + 1, 0
-            if chunk == len(self._chunks):
-                self._allocate(max(CHUNK_BYTES, 1 << max(need - 1, 0).bit_length()) if need else CHUNK_BYTES)
+            chunk = next(
+                (c for c, taken in enumerate(self._fill) if taken + need <= self._chunks[c].numel()), None
+            )
+            if chunk is None:
+                self._allocate(max(CHUNK_BYTES, 1 << max(need - 1, 0).bit_length()))
                 self.grown += self._chunks[-1].numel()
-            self._at = (chunk, offset + need)
+                chunk = len(self._chunks) - 1
+            offset = self._fill[chunk]
+            self._fill[chunk] += need
             raw = torch.from_numpy(self._arrays[chunk][offset : offset + size])
         return raw.view(dtype).view(shape)
 
@@ -112,4 +115,4 @@ class HostPool:
         """Free every chunk (pinned chunks go back to torch's pinned-memory cache)."""
         self.join()
         with self._lock:
-            self._chunks, self._arrays, self._at = [], [], (0, 0)
+            self._chunks, self._arrays, self._fill = [], [], []
