@@ -100,6 +100,8 @@ def main() -> None:
         "startup_warm_s": float(warm["startup_s"]),
         "steps_s": steps_s,
         "checkpoint_stall_s": stalls,
+        # inside steps_s: how long the first update after each save waited on the GPU for its host copies
+        "checkpoint_update_wait_s": summary.get("checkpoint_update_wait_s"),
         "checkpoint_write_s": summary.get("checkpoint_write_s"),
         "checkpoint_bytes": summary.get("checkpoint_bytes"),
         "validation_s": validation_s,
@@ -112,7 +114,8 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     print(
         f"\njob {wall:.1f} s: start-up {startup:.1f} s (warm {result['startup_warm_s']:.1f} s), steps {steps_s:.1f} s, "
-        f"{len(stalls)} saves stalling {sum(stalls):.2f} s (max {max(stalls, default=0):.2f} s), validation "
+        f"{len(stalls)} saves stalling {sum(stalls):.2f} s (max {max(stalls, default=0):.2f} s; the next "
+        f"updates waited {sum(result['checkpoint_update_wait_s'] or []):.2f} s more), validation "
         f"{validation_s:.1f} s, rest {other:.1f} s; non-step share {100 * result['non_step_share']:.1f}%; "
         f"{result['samples_per_s_job']:.1f} samples/s over the job against {result['samples_per_s_steady']:.1f} steady"
     )
