@@ -102,8 +102,9 @@ class Staging:
         """`tree` with every tensor copied into the pool (see the module docstring for `guarded`); dicts,
         lists and tuples are rebuilt, other leaves deep-copied; CPU tensors kept as they are if `fresh_cpu`."""
         snapshot: dict[int, torch.Tensor] = {}
-        if guarded and self.cuda:
-            snapshot = self._snapshot(_cuda_tensors(tree))
+        originals = _cuda_tensors(tree) if guarded and self.cuda else []
+        if originals:
+            snapshot = self._snapshot(originals)
             self._guard = self._guard or not snapshot
             # the host copies follow the update (and the snapshot) queued on the current stream
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -130,7 +131,7 @@ class Staging:
             places.append(total)
             total += -(-nbytes(tensor.shape, tensor.dtype) // ALIGN) * ALIGN
         wanted = self.device_copies if self.device_copies is not None else device_room(self.device) >= total
-        if not tensors or not wanted:
+        if not wanted:
             return {}
         try:
             buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
