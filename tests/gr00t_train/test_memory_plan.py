@@ -281,7 +281,8 @@ def test_a_smaller_microbatch_keeps_the_effective_batch(tmp_path, monkeypatch) -
     two = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]", "data.batch_size=4", "optim.grad_accum=4")
     assert two < both
     cfg, plan = _planned(tmp_path, (two + 0.001) / budget.HEADROOM)
-    assert plan.techniques[-1].startswith("microbatch")
+    assert plan.techniques[-1] == f"microbatch {cfg.data.batch_size} x {cfg.optim.grad_accum}"
+    assert sum(name.startswith("microbatch") for name in plan.techniques) == 1
     assert cfg.data.batch_size * cfg.optim.grad_accum == 16 and cfg.optim.grad_accum > 1
 
 
@@ -290,6 +291,7 @@ def test_nothing_fits_names_the_budget(tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match=r"memory.budget_gib: 4 GiB per GPU cannot hold this run") as err:
         _planned(tmp_path, 4)
     assert "moments" in str(err.value) and "model.lora.rank" in str(err.value)
+    assert "(recompute dit, recompute llm, microbatch 1 x 16)" in str(err.value)
 
 
 def test_settings_you_gave_are_kept(tmp_path, monkeypatch) -> None:

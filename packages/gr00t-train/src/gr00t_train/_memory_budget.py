@@ -153,7 +153,7 @@ def plan_for_budget(cfg: TrainConfig, env) -> tuple[TrainConfig, MemoryPlan | No
         chosen, _, _, prediction = min(tried, key=lambda t: t[3].total)
         gib = prediction.gib()
         parts = ", ".join(f"{k.replace('_', ' ')} {gib[k]:.2f}" for k in COMPONENTS)
-        names = ", ".join(name for name, _ in chosen) or "as set"
+        names = ", ".join(_names(chosen)) or "as set"
         raise ConfigError(
             "memory.budget_gib",
             f"{budget:g} GiB per GPU cannot hold this run: its smallest plan ({names}) predicts a peak of "
@@ -169,7 +169,7 @@ def plan_for_budget(cfg: TrainConfig, env) -> tuple[TrainConfig, MemoryPlan | No
         if not step[0].startswith("microbatch") and fits(trial(rest)[2]):
             chosen = rest
     candidate, moments, prediction = trial(chosen)
-    chosen = [name for name, _ in chosen]
+    chosen = _names(chosen)
     # int8 chosen is recorded as such; fp32 stays `auto`, as runs without a budget record it
     final = _memory(candidate, adam_moments="int8") if moments == "int8" else candidate
     plan = MemoryPlan(
@@ -226,6 +226,13 @@ def ladder(cfg: TrainConfig) -> tuple[list, list[str]]:
         for micro in (m for m in range(batch - 1, 0, -1) if batch % m == 0 and _halving(batch, m)):
             steps.append((f"microbatch {micro} x {batch // micro}", _microbatch(micro, batch // micro)))
     return steps, kept
+
+
+def _names(chosen: list) -> list[str]:
+    """The techniques' names, the microbatch only as the last one tried (each replaces the one before)."""
+    names = [name for name, _ in chosen]
+    micro = [n for n in names if n.startswith("microbatch")]
+    return [n for n in names if not n.startswith("microbatch") or n == micro[-1]]
 
 
 def _halving(batch: int, micro: int) -> bool:
