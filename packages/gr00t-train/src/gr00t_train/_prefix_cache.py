@@ -141,11 +141,11 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
         store, times = FeatureStore.open(final), {"build_s": 0.0, "first_batch_s": 0.0}
         log.info("prefix cache: reusing %s (%.2f GB)", final, store.nbytes() / 1e9)
     else:
+        for path in [] if final is None else remove_abandoned(final.parent, digest[:16]):
+            log.info("prefix cache: removed %s, a build that did not finish", path)
         _check_room(final, expected_bytes(cfg, model, processor, len(data.dataset)))
         _say_building(cfg, final, depth, len(data.dataset))
         temporary = None if final is None else final.with_name(f".tmp-{digest[:16]}-{os.getpid()}")
-        for path in [] if final is None else remove_abandoned(final.parent, digest[:16]):
-            log.info("prefix cache: removed %s, a build that did not finish", path)
         progress = env.is_main and cfg.logging.progress
         try:
             store, times = build_store(cfg, model, data, processor, env.device, meta, temporary, progress)
