@@ -81,3 +81,17 @@ def test_background_reservation_is_waited_for_by_the_first_save() -> None:
     staging.finish()()
     assert staging.pool.grown == 0 and torch.equal(staged["w"], torch.ones(1000))
     staging.close()
+
+
+def test_a_run_registers_its_update_hook_and_frees_the_pool_at_the_end(tmp_path, env, standins) -> None:
+    from gr00t_train import Trainer
+
+    cfg = standins.small_config(tmp_path, steps=4, checkpoint__every=2)
+    trainer = Trainer(cfg, standins.make_parts(), env)
+    hooks = trainer.model.optimizer._optimizer_step_pre_hooks
+    steps_with_hook = []
+    trainer.step_callback = lambda: steps_with_hook.append(len(hooks))
+    trainer.fit()
+    assert steps_with_hook == [1] * 4  # the updates wait for a save's copies while the run lasts
+    assert len(hooks) == 0 and trainer.checkpoint.staging.pool.capacity == 0  # released at the end
+    assert trainer.checkpoint.staging.update_wait_s == [0.0, 0.0]  # one per save (CPU: no wait)
