@@ -22,6 +22,7 @@ _EXPORTS = {
     "ModelConfig": "._config",
     "OptimConfig": "._config",
     "OptimizationsConfig": "._config",
+    "PrefixCacheConfig": "._prefix_cache_config",
     "TrainConfig": "._config",
     "apply_overrides": "._config_io",
     "config_from_dict": "._config_io",
@@ -74,6 +75,7 @@ __all__ = [
     "NonFiniteWeightsError",
     "OptimConfig",
     "OptimizationsConfig",
+    "PrefixCacheConfig",
     "RunFolderError",
     "RunSummary",
     "StepRecord",
@@ -142,6 +144,7 @@ if TYPE_CHECKING:
     from ._infer import EvalReport, evaluate
     from ._metrics import RunSummary, StepRecord
     from ._parts import BatchSource, TrainParts
+    from ._prefix_cache_config import PrefixCacheConfig
     from ._presets import PRESETS, demo_config, libero_config
     from ._run import run_training
     from ._schedule import CosineSchedule
