@@ -58,7 +58,13 @@ class HostPool:
         return sum(chunk.numel() for chunk in self._chunks)
 
     def _allocate(self, size: int) -> None:
-        chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        try:
+            chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        except RuntimeError as err:  # the host refused to pin more: copies into pageable memory still work
+            log.warning("cannot pin %.2f GB more of host memory for checkpoints (%s); the rest is pageable, "
+                        "so its copies block the loop", size / 1e9, err)  # fmt: skip
+            self.pinned = False
+            chunk = torch.empty(size, dtype=torch.uint8)
         self._chunks.append(chunk)
         self._arrays.append(chunk.numpy())
         self._fill.append(0)
