@@ -11,9 +11,11 @@ budget, and memory.budget_gib set to it, so the planner chooses what fits and th
     lora           model.lora.rank=32, uncapped, planned the same way
 
 Per row it prints the measured peak (torch.cuda.max_memory_allocated over the run, and after step 1) next to
-the prediction per component, and what the measured peak implies for the activation model: activations and
-workspace measured = peak - predicted states, and GPU_FACTOR (gr00t_train/_memory_activations.py) that
-would have predicted it with the current workspace constant. A budget the planner refuses is a row with its
+the prediction per component. The states are predicted exactly, so what the peak holds beyond them is the
+activations and the workspace: over the rows, `gpu_factor` (what the GPU keeps over the CPU-counted activation
+model) and `cuda_workspace_gib` are fitted by least squares (the workspace kept as it is where the rows'
+activations do not differ enough), printed, and with --write-calibration written to
+gr00t_train/memory_calibration.json, which the planner reads. A budget the planner refuses is a row with its
 error. About 1-1.5 minutes a row on an H200 (compilation, 30 steps).
 
     python -m vla_io synth /tmp/libero --preset libero --episodes 10 --image-size 256
@@ -45,6 +47,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="leading steps left out of samples/s")
     p.add_argument("--out", type=Path, default=Path("/tmp/memory_budget"))
     p.add_argument("--json", type=Path)
+    p.add_argument("--write-calibration", action="store_true",
+                   help="write the fitted gpu_factor and cuda_workspace_gib to gr00t_train/memory_calibration.json")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="more settings for every row")  # fmt: skip
     return p.parse_args()
@@ -107,16 +111,30 @@ def _run(args: argparse.Namespace, row: str) -> dict:
         "mfu": summary["mfu"],
         "step_ms": 1000 * summary["step_time_s"],
         "activations_and_workspace_measured_gib": left,
-        "gpu_factor_implied": None if left is None else _implied_factor(left, predicted),
+        "eager_activations_gib": plan["predicted_detail_gib"]["eager_activations"],
+        "dropout_masks_gib": plan["predicted_detail_gib"]["dropout_masks"],
     }
 
 
-def _implied_factor(measured_gib: float, predicted: dict) -> float | None:
-    """GPU_FACTOR that would have predicted the measured activations, the workspace constant kept."""
-    from gr00t_train._memory_activations import GPU_FACTOR
-
-    eager = predicted["activations"] / GPU_FACTOR
-    return round((measured_gib - predicted["workspace"]) / eager, 3) if eager > 0 else None
+def fit_calibration(rows: list[dict], workspace_gib: float) -> dict | None:
+    """gpu_factor and cuda_workspace_gib from the rows' measured peaks: peak - states - masks = factor x eager
+    activations + workspace, least squares; the workspace kept where the eager activations span < 0.25 GiB."""
+    points = [
+        (r["eager_activations_gib"], r["activations_and_workspace_measured_gib"] - r["dropout_masks_gib"])
+        for r in rows
+        if r.get("activations_and_workspace_measured_gib") is not None and r.get("peak_gib")
+    ]
+    if not points or max(a for a, _ in points) <= 0:
+        return None
+    xs, ys = [a for a, _ in points], [y for _, y in points]
+    if max(xs) - min(xs) >= 0.25:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        factor = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+        workspace = my - factor * mx
+    else:
+        workspace = workspace_gib
+        factor = sum(y - workspace for y in ys) / sum(xs)
+    return {"gpu_factor": round(max(factor, 0.01), 3), "cuda_workspace_gib": round(max(workspace, 0.0), 2)}
 
 
 def main() -> None:
@@ -126,20 +144,37 @@ def main() -> None:
     for row in args.rows.split(","):
         rows.append(_run(args, row))
         print(json.dumps(rows[-1]), flush=True)
-    print(
-        f"\n{'row':<6} {'peak GiB':>8} {'pred GiB':>8} {'samples/s':>9} {'MFU':>6} {'factor':>6}  techniques"
-    )
+    print(f"\n{'row':<6} {'peak GiB':>8} {'pred GiB':>8} {'samples/s':>9} {'MFU':>6}  techniques")
     for r in rows:
         if "error" in r:
             print(f"{r['row']:<6} refused or failed: {r['error']}")
             continue
         chosen = ", ".join(r["techniques"]) or "none"
         print(f"{r['row']:<6} {r['peak_gib'] or 0:>8.2f} {r['predicted_gib']:>8.2f} {r['samples_per_s']:>9.1f} "
-              f"{100 * (r['mfu'] or 0):>5.1f}% {r['gpu_factor_implied'] or 0:>6.3f}  {chosen} "
+              f"{100 * (r['mfu'] or 0):>5.1f}%  {chosen} "
               f"(microbatch {r['microbatch']} x {r['grad_accum']}, moments {r['adam_moments']})")  # fmt: skip
+    from gr00t_train._memory_activations import CALIBRATION_FILE, calibration
+
+    current = calibration()
+    fitted = fit_calibration(rows, current["cuda_workspace_gib"])
+    print(f"\ncalibration in use: gpu_factor {current['gpu_factor']}, workspace {current['cuda_workspace_gib']} GiB "
+          f"({current['source']})\nfitted to these rows: {fitted}")  # fmt: skip
+    if fitted is not None and args.write_calibration:
+        source = (f"benchmarks/memory_budget.py on {_gpu_name()}, {time.strftime('%Y-%m-%d')}: rows {args.rows}, "
+                  f"n1.6-3b, effective batch {args.batch}, least squares over the measured peaks")  # fmt: skip
+        CALIBRATION_FILE.write_text(json.dumps({**fitted, "source": source}, indent=2) + "\n")
+        print(f"written: {CALIBRATION_FILE}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=2) + "\n")
+        report = {"date": time.strftime("%Y-%m-%d"), "calibration_used": current, "calibration_fitted": fitted,
+                  "rows": rows}  # fmt: skip
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ under `torch.autograd.graph.saved_tensors_hooks` and attributes every tensor aut
 once) to the block that saved it, at two batch sizes; the difference is one sample's. The table holds that
 count for the tiny preset with n1.6-3b's width ratios, eager, on a CPU. On a GPU the blocks are compiled and
 attention runs in flash kernels, which keep less: `benchmarks/memory_budget.py` measures the ratio of what
-the GPU keeps to this count and prints it; `GPU_FACTOR` holds the last measured value (1.0 = not measured)."""
+the GPU keeps to this count and rewrites `memory_calibration.json` (`CALIBRATION_FILE`) with it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -40,11 +42,17 @@ what a recomputed block keeps (its inputs) per unit of its kind. Source: `count_
 tiny preset with llm_intermediate_size 192 (n1.6-3b's 3 x width), action_horizon 16 and 8, two cameras,
 eager fp32 on a CPU, 2026-12-03 (elements of 4 bytes); tests/gr00t_train/test_memory_plan.py counts again."""
 
-GPU_FACTOR = 0.35
-"""What a CUDA run keeps (compiled blocks, flash attention, bf16 autocast) over the eager count of
-`SAVED_PER_UNIT` in the same element size. Fitted to one measurement: the default n1.6-3b run's peak of
-32.3 GiB at batch 16 on an H200 (BENCHMARKS.md, 2026-12-02) less its states; `benchmarks/memory_budget.py`
-prints the ratio each of its runs implies, from which to set it."""
+CALIBRATION_FILE = Path(__file__).with_name("memory_calibration.json")
+"""What the GPU measurements say beside the CPU count: `gpu_factor`, what a CUDA run keeps (compiled blocks,
+flash attention, bf16 autocast) over the eager count of `SAVED_PER_UNIT` in the same element size;
+`cuda_workspace_gib`, allocated memory beside states and activations (cuBLAS workspaces, compiled kernels'
+buffers, the frozen prefix's transient tensors); `source`, where they come from.
+`benchmarks/memory_budget.py --write-calibration` fits both to its runs' measured peaks and rewrites the file."""
+
+
+def calibration() -> dict:
+    """The GPU calibration (CALIBRATION_FILE)."""
+    return json.loads(CALIBRATION_FILE.read_text())
 
 
 @dataclass(frozen=True)

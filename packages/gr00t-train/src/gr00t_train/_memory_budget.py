@@ -103,6 +103,7 @@ class MemoryPlan:
             "adam_moments": self.moments,
             "kept": self.kept,
             "predicted_gib": self.prediction.gib(),
+            "predicted_detail_gib": {k: round(v / GiB, 4) for k, v in self.prediction.detail.items()},
             "measured_peak_step1_gib": self.measured_step1_gib,
             "measured_peak_run_gib": run_peak_gib,
         }

@@ -5,7 +5,7 @@ weights, fp32 master weights (and remainders), AdamW moments and gradient buffer
 lays them out (`vla_overlap.plan_layout`: per-dtype buffers, aligned parameters, buckets padded to the world
 size, ZeRO-1's shard of each bucket per rank). Activations come from `_memory_activations` (a counted model of
 what the trainable blocks keep per sample) and the workspace (cuBLAS, compiled kernels, graph pools, the
-allocator's slack) from a measured constant. The peak is their sum: the backward of the last microbatch holds
+allocator's slack) from a measured constant (both GPU constants in memory_calibration.json). The peak is their sum: the backward of the last microbatch holds
 every state and the batch's activations at once."""
 
 from __future__ import annotations
@@ -19,16 +19,12 @@ from torch import nn
 
 from ._comm import _flat_kernel, _grad_buffer_dtype, bucket_elements
 from ._config import TrainConfig
-from ._memory_activations import GPU_FACTOR, Shapes, activation_bytes, mask_bytes
+from ._memory_activations import Shapes, activation_bytes, calibration, mask_bytes
 
 COMPONENTS = (
     "frozen_weights", "trainable_weights", "masters", "moments", "gradients", "activations", "workspace",
 )  # fmt: skip
 GiB = 2**30
-CUDA_WORKSPACE = int(0.75 * GiB)
-"""Allocated device memory beside states and activations on CUDA: cuBLAS workspaces, compiled kernels'
-buffers, the transient tensors of the frozen prefix. A starting value; `benchmarks/memory_budget.py` prints
-what each run leaves for activations and workspace (measured peak minus the states)."""
 INT8_BLOCK = 64
 """Elements per fp32 scale of vla-overlap's block-wise 8-bit moments (its _moments8.QBLOCK)."""
 _PREPARED = ("prepared_weight", "prepared_bias", "fp8_weight", "fp8_scale")
@@ -40,6 +36,9 @@ class Prediction:
     """Predicted bytes per component (COMPONENTS) of one rank."""
 
     parts: dict[str, int] = field(default_factory=dict)
+    detail: dict[str, int] = field(default_factory=dict)
+    """How the activations were counted: `eager_activations` (the CPU count's model, before the GPU
+    factor) and `dropout_masks` (exact); what a calibration fits against (benchmarks/memory_budget.py)."""
 
     @property
     def total(self) -> int:
@@ -145,15 +144,17 @@ def predict(
     memory.recompute the recomputed blocks) on `model` as built for it."""
     parts = state_bytes(model, cfg, world_size, device_type, moments)
     cuda = device_type == "cuda"
+    gpu = calibration() if cuda else {"gpu_factor": 1.0, "cuda_workspace_gib": 0.0}
     element = 2 if cfg.precision == "bf16" else 4
     config = model.config
+    batch, recompute = cfg.data.batch_size, tuple(cfg.memory.recompute)
+    masks = mask_bytes(shapes, config.dit_ff_mult, config.dit_dropout)
     parts["activations"] = activation_bytes(
-        shapes,
-        cfg.data.batch_size,
-        tuple(cfg.memory.recompute),
-        element,
-        factor=GPU_FACTOR if cuda else 1.0,
-        masks=mask_bytes(shapes, config.dit_ff_mult, config.dit_dropout),
+        shapes, batch, recompute, element, factor=gpu["gpu_factor"], masks=masks
     )
-    parts["workspace"] = CUDA_WORKSPACE if cuda else 0
-    return Prediction({name: int(parts[name]) for name in COMPONENTS})
+    parts["workspace"] = int(gpu["cuda_workspace_gib"] * GiB)
+    detail = {
+        "eager_activations": activation_bytes(shapes, batch, recompute, element),
+        "dropout_masks": batch * masks,
+    }
+    return Prediction({name: int(parts[name]) for name in COMPONENTS}, detail)
