@@ -106,7 +106,7 @@ def state_bytes(model: nn.Module, cfg: TrainConfig, world_size: int, device_type
     flat = _flat_kernel(opts, env) is not None or moments == "int8"  # 8-bit moments: the flat step's own
     remainders = opts.param_remainders and opts.bf16_weights == "on" and flat
     weights = sum(b.numel * _size(b.param_dtype) for b in layout.buffers)
-    masters = moment_elements = 0
+    masters, pieces = 0, [0] * world_size  # torch's AdamW: each rank's parameter pieces
     for bucket in layout.buckets:
         shard = bucket.numel // world_size
         buffer = layout.buffers[bucket.buffer]
@@ -116,8 +116,11 @@ def state_bytes(model: nn.Module, cfg: TrainConfig, world_size: int, device_type
             masters += shard * 2
         if not flat and buffer.grad_dtype != torch.float32:  # the shard's gradient widened for torch's AdamW
             grads += shard * 4
-        # the flat step's moments span the whole shard; torch's AdamW holds them per parameter piece
-        moment_elements += shard if flat else sum(x.numel for x in layout.pieces(bucket.index, 0))
+        for rank in range(world_size if not flat else 0):
+            pieces[rank] += sum(x.numel for x in layout.pieces(bucket.index, rank))
+    # the flat step's moments span every whole shard; torch's AdamW holds them per parameter piece (the rank
+    # holding the most counts: the budget is per GPU)
+    moment_elements = sum(b.numel // world_size for b in layout.buckets) if flat else max(pieces)
     return {
         "frozen_weights": frozen,
         "trainable_weights": weights,
