@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._block_plan import as_tuples, block_table, flag_index
 from ._flat_adamw_steps import torch_step, triton_step
 from ._moments8 import QBLOCK, allocate
 from ._remainders import decode, encode_
@@ -51,21 +52,10 @@ def plan_blocks(runs: list[tuple[int, int, int]], length: int, block: int = BLOC
     the shard's length is one too, each run is widened to the next multiple of ALIGN: the elements it gains are
     padding before the next parameter, zero in the master, gradient and moments, and an AdamW step keeps a zero
     at zero. Otherwise the blocks follow the runs exactly, at alignment 1. No block straddles a position of
-    `cuts` (the row boundaries of tracked parameters, see FlatAdamW.track_rows)."""
-    aligned = [start for start, _, _ in runs] + list(cuts)
-    align = ALIGN if length % ALIGN == 0 and all(at % ALIGN == 0 for at in aligned) else 1
-    cuts = sorted(cuts)
-    blocks, c = [], 0
-    for start, end, row in runs:
-        end = -(-end // align) * align
-        at = start
-        while at < end:
-            while c < len(cuts) and cuts[c] <= at:
-                c += 1
-            stop = min(at + block, end, cuts[c] if c < len(cuts) else end)
-            blocks.append((at, stop - at, row))
-            at = stop
-    return blocks, align
+    `cuts` (the row boundaries of tracked parameters, see FlatAdamW.track_rows). (block_table: the same as an
+    array.)"""
+    table, align = block_table(runs, length, block, ALIGN, cuts)
+    return as_tuples(table), align
 
 
 def flat_supported(opt: DistributedAdamW, kernel: str) -> str | None:
@@ -281,18 +271,12 @@ class FlatAdamW:
         flat = self.buckets[bucket]
         flat["runs"] = [tuple(run) for run in runs]
         cuts, spans = self._idle_cuts(bucket)
-        blocks, flat["align"] = plan_blocks(flat["runs"], flat["master"].numel(), cuts=cuts)
+        blocks, flat["align"] = block_table(flat["runs"], flat["master"].numel(), BLOCK, ALIGN, cuts)
         device = flat["master"].device
-        flat["blocks"] = torch.tensor(blocks, dtype=torch.int64).reshape(-1, 3).to(device)
+        flat["blocks"] = torch.from_numpy(blocks).to(device)
         flat["idle_index"] = None
         if spans:  # each block's row flag (idle_blocks); untracked blocks read flag 0, never idle
-            index, s = [], 0
-            for start, _, _ in blocks:
-                while s < len(spans) and spans[s][1] <= start:
-                    s += 1
-                inside = s < len(spans) and spans[s][0] <= start
-                index.append(spans[s][2] if inside else 0)
-            flat["idle_index"] = torch.tensor(index, dtype=torch.int64).to(device)
+            flat["idle_index"] = torch.from_numpy(flag_index(blocks[:, 0], spans)).to(device)
         if self.on_stage is not None:
             stage = self.stage_of_slot
             pieces = [(p.shard_start, p.shard_start + p.numel, stage.get(p.slot, 0))
