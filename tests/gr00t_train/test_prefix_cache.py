@@ -280,9 +280,15 @@ def test_settings_a_cache_cannot_serve_are_refused_before_the_model(
     assert caught.value.field == field
 
 
-def test_more_processes_and_a_folder_in_the_dataset_are_refused(dataset, tmp_path, env) -> None:
+def test_memory_with_more_processes_several_hosts_and_a_folder_in_the_dataset_are_refused(
+    dataset, tmp_path, env, monkeypatch
+) -> None:
     two = dataclasses.replace(env, world_size=2)
-    with pytest.raises(ConfigError, match="one process; this run has 2"):
+    with pytest.raises(ConfigError, match="memory keeps the cache in one process; with 2 processes use disk"):
+        _prefix_cache.check_settings(_cfg(dataset, tmp_path, "data.prefix_cache.mode=memory"), two)
+    _prefix_cache.check_settings(_cfg(dataset, tmp_path, "data.prefix_cache.mode=disk"), two)  # one host
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="disk builds the cache on one host; this run has processes on 2"):
         _prefix_cache.check_settings(_cfg(dataset, tmp_path, "data.prefix_cache.mode=disk"), two)
     inside = _cfg(
         dataset, tmp_path, "data.prefix_cache.mode=disk", f"data.prefix_cache.dir={dataset / 'cache'}"

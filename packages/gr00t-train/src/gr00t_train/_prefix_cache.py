@@ -60,8 +60,16 @@ def check_settings(cfg: TrainConfig, env: DistEnv) -> None:
     settings = cfg.data.prefix_cache
     if settings.mode == "off":
         return
-    if env.world_size > 1:
-        raise ConfigError(SETTING, f"{settings.mode} trains on one process; this run has {env.world_size}")
+    if env.world_size > 1 and settings.mode == "memory":
+        raise ConfigError(
+            SETTING, f"memory keeps the cache in one process; with {env.world_size} processes use disk"
+        )
+    hosts_local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+    if env.world_size > hosts_local:
+        raise ConfigError(
+            SETTING,
+            f"disk builds the cache on one host; this run has processes on {env.world_size // hosts_local}",
+        )
     for name in ("tune_visual", "tune_llm"):
         if getattr(cfg.model, name):
             what = "the vision tower" if name == "tune_visual" else "the token embeddings and every LLM layer"
@@ -133,25 +141,36 @@ def open_cache(cfg: TrainConfig, env: DistEnv, model, data, processor) -> Prefix
     inputs = {**fingerprint_inputs(cfg, env.device, model, data, processor, depth), "compiled": compiled}
     fingerprint_s = time.perf_counter() - started  # mostly hashing the frozen weights
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+    if env.broadcast_object(digest) != digest:
+        raise RuntimeError(
+            f"prefix cache: rank {env.rank} has other frozen weights or settings than rank 0 (fingerprint "
+            f"{digest[:16]})"
+        )
     meta = {"fingerprint": digest, "inputs": inputs, "variants": settings.variants, "dtype": settings.dtype}
     meta["num_samples"] = len(data.dataset)
     final = cache_root(cfg) / digest[:16] if settings.mode == "disk" else None
     reused = final is not None and (FeatureStore.read_meta(final) or {}).get("fingerprint") == digest
+    reused = env.broadcast_object(reused)  # rank 0 decides for every rank
     if reused:
         store, times = FeatureStore.open(final), {"build_s": 0.0, "first_batch_s": 0.0}
         log.info("prefix cache: reusing %s (%.2f GB)", final, store.nbytes() / 1e9)
     else:
-        for path in [] if final is None else remove_abandoned(final.parent, digest[:16]):
+        for path in [] if final is None or not env.is_main else remove_abandoned(final.parent, digest[:16]):
             log.info("prefix cache: removed %s, a build that did not finish", path)
         _check_room(final, expected_bytes(cfg, model, processor, len(data.dataset)))
         _say_building(cfg, final, depth, len(data.dataset))
         temporary = None if final is None else final.with_name(f".tmp-{digest[:16]}-{os.getpid()}")
+        temporary = env.broadcast_object(temporary)  # rank 0's: every rank writes into the same files
         progress = env.is_main and cfg.logging.progress
         try:
-            store, times = build_store(cfg, model, data, processor, env.device, meta, temporary, progress)
-            store = store.finish(final)
+            store, times = build_store(cfg, model, data, processor, env, meta, temporary, progress)
+            if env.is_main:
+                store = store.finish(final)
+            env.barrier()
+            if not env.is_main and final is not None:
+                store = FeatureStore.open(final)
         except BaseException:  # a half-written cache is never kept (a killed process's: the next build's)
-            if temporary is not None:
+            if temporary is not None and env.is_main:
                 shutil.rmtree(temporary, ignore_errors=True)
             raise
         log.info(

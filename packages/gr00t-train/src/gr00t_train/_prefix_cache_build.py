@@ -27,12 +27,15 @@ PER_SAMPLE = ("state", "action", "action_mask", "embodiment_id", "episode_index"
 
 
 def build_store(
-    cfg: TrainConfig, model, data, processor, device: torch.device, meta: dict[str, Any], folder: Path | None,
-    progress: bool,
+    cfg: TrainConfig, model, data, processor, env, meta: dict[str, Any], folder: Path | None, progress: bool,
 ) -> tuple[FeatureStore, dict[str, float]]:  # fmt: skip
     """The features of every sample of `data` (x variants) in a FeatureStore at `folder` (None: in host
     memory); returns it and the seconds the build took: `build_s` in all, `first_batch_s` for the first batch
-    (the decoding workers' start and, with compiled blocks, their compilation)."""
+    (the decoding workers' start and, with compiled blocks, their compilation).
+
+    With several processes (`env`, one host, a disk cache) each computes its share of the samples, as the
+    pipeline deals them out, into the same files: rank 0 creates them, every rank writes its rows, rank 0
+    completes the folder (`FeatureStore.finish`) and the others open it."""
     import vla_io
 
     settings = cfg.data.prefix_cache
@@ -41,6 +44,7 @@ def build_store(
     augment = _data.image_transform(
         processor, len(data.camera_keys), augment=cfg.data.augment, backend=cfg.data.augment_backend
     )
+    shares = dict(seed=cfg.seed, rank=env.rank, world_size=env.world_size, shuffle=False, drop_last=False)
     pipeline = vla_io.Pipeline(
         data.dataset,
         batch_size,
@@ -48,30 +52,31 @@ def build_store(
         device_transform=augment,
         num_workers=cfg.data.num_workers,
         prefetch_per_worker=cfg.data.prefetch,
-        seed=cfg.seed,
-        shuffle=False,
-        drop_last=False,
-        device=str(device),
+        device=str(env.device),
         timeout_s=cfg.data.worker_timeout_s,
+        **shares,
         **({"start_method": "spawn"} if cfg.data.decode_device == "cuda" else {}),
     )
+    sampler = vla_io.EpochSampler(count, batch_size, **shares)  # which samples each of its batches holds
     started = time.perf_counter()
     first = None
     store = None
-    bar = _bar(variants * count, progress)
+    bar = _bar(variants * sampler.per_rank, progress)
     try:
         for variant in range(variants):  # the pipeline's epoch k is variant k
-            done = 0
+            batches = 0
             for batch in pipeline:
+                rows = torch.from_numpy(sampler.task(variant, batches).indices)
                 real = batch["state"].shape[0]
-                rows = slice(done, done + real)
+                if len(rows) != real:
+                    raise DataError(f"prefix cache: a batch of {real} samples where {len(rows)} were due")
                 if store is None:
                     model.validate_batch(batch)  # the first batch: keys, shapes, image-token counts
                 features = model.prefix_features(_padded(batch, batch_size))
                 features = {key: value[:real] for key, value in features.items()}
                 if store is None:
                     meta["layout"] = _layout(meta, features, batch, count)
-                    store = FeatureStore.create(meta, folder)
+                    store = _create(meta, folder, env)
                 stored, scale = quantize(features["hidden"], settings.dtype)
                 store.write("hidden", rows, stored, variant)
                 if scale is not None:
@@ -81,21 +86,33 @@ def build_store(
                     store.write("image_mask", rows, features["image_mask"])
                     for key in PER_SAMPLE:
                         store.write(key, rows, torch.as_tensor(batch[key]))
-                done = rows.stop
+                batches += 1
                 first = first or time.perf_counter() - started  # its results are on the host: finished
-                bar.update(rows.stop - rows.start)
-            if done != count:
+                bar.update(real)
+            if batches != sampler.batches_in(variant):
                 raise DataError(
-                    f"prefix cache: the pipeline delivered {done} of {count} samples of {data.root}"
+                    f"prefix cache: the pipeline delivered {batches} of {sampler.batches_in(variant)} batches "
+                    f"of {data.root}"
                 )
     except vla_io.VlaIoError as err:
         raise DataError(f"prefix cache: cannot read dataset {data.root} (data.dataset): {err}") from err
     finally:
         pipeline.close()
         bar.close()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if store is not None:
+        store.flush()
+    env.barrier()  # every rank's rows are written
     return store, {"build_s": time.perf_counter() - started, "first_batch_s": first or 0.0}
+
+
+def _create(meta: dict, folder: Path | None, env) -> FeatureStore:
+    """The store's empty arrays: created here with one process; with several, rank 0 creates the files
+    and the others open them for writing once they exist (every rank reaches its first batch)."""
+    if env.world_size == 1:
+        return FeatureStore.create(meta, folder)
+    store = FeatureStore.create(meta, folder) if env.is_main else None
+    env.barrier()
+    return store or FeatureStore.open(folder, meta, writable=True)
 
 
 def _padded(batch: dict, size: int) -> dict:

@@ -14,7 +14,7 @@ class PrefixCacheConfig(Section):
     frozen LLM layers: everything before the first trainable weight), computed once per training sample and
     augmentation variant before the first step; training then reads it instead of decoding video and
     running the frozen prefix. Needs a frozen vision tower and embeddings (model.tune_visual and
-    model.tune_llm false) and one process."""
+    model.tune_llm false); with several processes (one host) a disk cache, each building its share."""
 
     mode: Literal["off", "memory", "disk"] = "off"
     """off = no cache; memory = built into host memory at every start; disk = built once into `dir` and

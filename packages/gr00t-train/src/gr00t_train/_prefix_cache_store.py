@@ -69,18 +69,22 @@ class FeatureStore:
                 arrays[name] = _mapped(folder / f"{name}.bin", shape, torch_dtype, "w+")
         return cls(arrays, meta, folder)
 
-    def write(self, name: str, rows: slice, values: torch.Tensor, variant: int | None = None) -> None:
-        """Store `values` (any device) at `rows` (of `variant` for per-variant arrays)."""
+    def write(self, name: str, rows: torch.Tensor, values: torch.Tensor, variant: int | None = None) -> None:
+        """Store `values` (any device) at sample indices `rows` (of `variant` for per-variant arrays)."""
         target = self.arrays[name] if variant is None else self.arrays[name][variant]
-        target[rows].copy_(values.detach().to("cpu").view(target.dtype))
+        target[rows] = values.detach().to("cpu").view(target.dtype)
+
+    def flush(self) -> None:
+        """Write this process's changes of mapped files through (other processes read the same pages)."""
+        for array in self.arrays.values():
+            if hasattr(array, "_mmap"):
+                array._mmap.flush()
 
     def finish(self, final: Path | None) -> FeatureStore:
         """Complete the cache: on disk, flush the files, write meta.json and move the folder to `final`."""
         if self.folder is None or final is None:
             return self
-        for array in self.arrays.values():
-            if hasattr(array, "_mmap"):
-                array._mmap.flush()
+        self.flush()
         (self.folder / META).write_text(json.dumps(self.meta, indent=1, sort_keys=True) + "\n")
         for path in self.folder.iterdir():
             fd = os.open(path, os.O_RDONLY)
@@ -98,11 +102,12 @@ class FeatureStore:
 
     # ------------------------------------------------------------------------------------- reading
     @classmethod
-    def open(cls, folder: Path) -> FeatureStore:
-        """A complete cache folder, its files mapped read-only."""
-        meta = json.loads((folder / META).read_text())
+    def open(cls, folder: Path, meta: dict[str, Any] | None = None, writable: bool = False) -> FeatureStore:
+        """A cache folder's files mapped: read-only (a complete cache, its meta.json read), or for writing
+        (the files another process created for `meta`)."""
+        meta = meta or json.loads((folder / META).read_text())
         arrays = {
-            name: _mapped(folder / f"{name}.bin", shape, getattr(torch, dtype), "r")
+            name: _mapped(folder / f"{name}.bin", shape, getattr(torch, dtype), "r+" if writable else "r")
             for name, (shape, dtype) in meta["layout"].items()
         }
         return cls(arrays, meta, folder)
