@@ -195,9 +195,17 @@ def test_variants_cycle_by_epoch_in_the_pipelines_order_and_resume() -> None:
     again = [next(resumed)["prefix_hidden"] for _ in range(len(seen) - 3)]
     resumed.close()
     assert all(torch.equal(a, b) for a, b in zip(again, seen[3:]))
-    with pytest.raises(ValueError, match="batch_size"):
+    # At another batch size the epoch continues at the place the saved run had reached: its rest, in order.
+    halves = CachedSource(
+        store, batch_size=2, seed=7, shuffle=True, rank=0, world_size=1, device=torch.device("cpu")
+    )
+    halves.load_state_dict(saved)
+    rest = torch.cat([next(halves)["prefix_hidden"][:, 0, 0] for _ in range(2)])  # places 4-7 of epoch 1
+    halves.close()
+    assert torch.equal(rest, 100 + torch.from_numpy(sampler.order(1)[4:8]).float())
+    with pytest.raises(ValueError, match="seed=7"):
         CachedSource(
-            store, batch_size=2, seed=7, shuffle=True, rank=0, world_size=1, device=torch.device("cpu")
+            store, batch_size=4, seed=8, shuffle=True, rank=0, world_size=1, device=torch.device("cpu")
         ).load_state_dict(saved)
 
 

@@ -90,16 +90,25 @@ class CachedSource:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position (the pipeline's or this source's): at another world size or batch
+        size the epoch continues at the place of its global order the saved ranks had reached together, as
+        vla-io's pipeline does."""
         mine = self.state_dict()
-        for name in ("seed", "world_size", "batch_size", "shuffle", "num_samples"):
+        for name in ("seed", "shuffle", "num_samples"):
             if name in state and state[name] != mine[name]:
                 raise ValueError(
-                    f"data position has {name}={state[name]!r}, the prefix cache's source has {mine[name]!r} "
-                    "(a cached run resumes at the same world size and batch size)"
+                    f"data position has {name}={state[name]!r}, the prefix cache's has {mine[name]!r}"
                 )
         self.close()
         epoch, index = int(state["epoch"]), int(state["batch"])
-        self.sampler.start_epoch_at(epoch, int(state.get("epoch_start", 0)))
+        start = int(state.get("epoch_start", 0))
+        same_shape = all(state.get(k, mine[k]) == mine[k] for k in ("world_size", "batch_size"))
+        if not same_shape:
+            start, index = int(state["consumed"]), 0
+        self.sampler.start_epoch_at(epoch, start)
+        if index >= self.sampler.batches_in(epoch):  # the rest is less than a batch per rank: dropped
+            self.sampler.start_epoch_at(epoch + 1, 0)
+            epoch, index = epoch + 1, 0
         self.position = (epoch, index)
 
     def timings(self) -> dict[str, float]:
