@@ -2,7 +2,8 @@
 
 One process runs `gr00t-train train` on `--dataset` with every setting at its default (n1.6-3b, batch 16) for
 `--steps` steps, a checkpoint every `--every` steps and a validation every `--eval-every`, with fresh compile
-caches (cold); a second process repeats only the start-up with the caches the first one filled (warm). The
+caches (cold); a second process repeats only the start-up with the caches the first one filled (warm), and the
+bytecode the first one wrote (PYTHONPYCACHEPREFIX under --out). The
 wall time of the job splits into start-up (process group, model, data, compilation and graph capture, to the
 end of the first step), steps, checkpoint stalls (the loop waiting for a save; the writes run in the
 background), validation and the rest (the final save's wait, reports). Samples/s over the whole job stand
@@ -55,6 +56,9 @@ def _train(
         **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
         "TRITON_CACHE_DIR": str(caches / "triton"),
+        # bytecode of every imported module, written by the first run and read by the second, as a user's
+        # installed packages have it (the GPU host's read-only venv has no .pyc files: ~9 s of compiling sources)
+        "PYTHONPYCACHEPREFIX": str(caches / "pycache"),
     }
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -98,6 +102,10 @@ def main() -> None:
         "wall_s": wall,
         "startup_s": startup,
         "startup_warm_s": float(warm["startup_s"]),
+        # where each start-up went (seconds per phase: imports, process group, model, data, optimizer,
+        # compile, graph capture, first step), cold and warm
+        "startup_phases": summary.get("startup_phases"),
+        "startup_phases_warm": warm.get("startup_phases"),
         "steps_s": steps_s,
         "checkpoint_stall_s": stalls,
         # inside steps_s: how long the first update after each save waited on the GPU for its host copies
@@ -112,6 +120,9 @@ def main() -> None:
         "peak_memory_gib": summary.get("peak_memory_gib"),
     }
     print(json.dumps(result, indent=2))
+    for name, phases in (("cold", result["startup_phases"]), ("warm", result["startup_phases_warm"])):
+        if phases:
+            print(f"start-up {name}: " + ", ".join(f"{key} {value:.1f} s" for key, value in phases.items()))
     print(
         f"\njob {wall:.1f} s: start-up {startup:.1f} s (warm {result['startup_warm_s']:.1f} s), steps {steps_s:.1f} s, "
         f"{len(stalls)} saves stalling {sum(stalls):.2f} s (max {max(stalls, default=0):.2f} s; the next "

@@ -16,6 +16,7 @@ from ._components.data import build_source
 from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._parts import TrainParts
+from ._startup import clock as startup_clock
 
 log = logging.getLogger(__name__)
 DATASET_META = "dataset_meta"
@@ -39,6 +40,7 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     facts = _gr00t.start_facts(cfg)  # random weights or the test tokenizer on a large preset: said now
     tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
     model = _gr00t.build_model(cfg, env.device, tokenizer)
+    startup_clock.mark("model")
     data = _data.open_dataset(
         cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan, split=split
     )

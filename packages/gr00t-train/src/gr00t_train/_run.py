@@ -21,6 +21,7 @@ from ._metrics import RunSummary
 from ._optimizations import resolve_optimizations
 from ._peers import Lost, PeerWatch, looks_like_lost_peer, one_line, store_endpoint
 from ._run_folder import claim_run
+from ._startup import clock as startup_clock
 from ._trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     from ._build import build_parts
 
     started = time.perf_counter()  # start-up (to the end of the first step) is counted from here
+    startup_clock.start(started)  # the phases of start-up (_startup): one line and summary.json
     env = init_distributed(cfg.device)  # sets this rank's GPU; no cuBLAS call yet
     cfg, line = resolve_optimizations(cfg, env.device)  # every `auto` switch as it runs on this device
     if env.is_main:
@@ -57,6 +59,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     if peers is not None:
         peers.step = progress.step
         peers.on_hang = lambda lost: _end_stuck_process(cfg, env, progress, lost)
+    startup_clock.mark("process_group")
     peer_lost = False
     try:
         # Before anything heavy: the folder lock, other runs' files, the checkpoint to resume from.
@@ -64,7 +67,9 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         progress.claimed, progress.run_id, progress.resumed_from = True, run.run_id, run.resume_from
         try:
             parts = build_parts(cfg, env)
+            startup_clock.mark("data")  # build_parts marks the model's end
             progress.trainer = trainer = Trainer(cfg, parts, env)
+            startup_clock.mark("optimizer")  # the wrapper, the optimizer and its planning
             trainer.started_at, trainer.memory_plan = started, memory_plan
             summary = _fit(trainer, cfg, env.rank)  # fit() gets the same claim back
         finally:

@@ -41,6 +41,7 @@ from ._parts import Batch, TrainParts
 from ._rng import seed_everything
 from ._run_checks import RunChecks
 from ._run_folder import RunClaim, claim_run
+from ._startup import clock as startup_clock
 from ._timing import StepTimer
 
 
@@ -252,6 +253,7 @@ class Trainer:
             self.memory_plan.after_first_step(self.env)
         if self.started_at is not None:
             self.startup_s = now - self.started_at
+            startup_clock.first_step(self.first_step_s, self.model.graphed_step.report.capture_seconds)
 
     # --------------------------------------------------------------------------------------- report
     def run_facts(self) -> dict[str, Any]:
@@ -265,6 +267,7 @@ class Trainer:
             "peak_tflops": self.metrics.peak_tflops,
             "first_step_s": self.first_step_s,
             "startup_s": self.startup_s,
+            "startup_phases": startup_clock.ordered() if self.startup_s is not None else None,
             "capture_s": report.capture_seconds,
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,
