@@ -61,6 +61,8 @@ class MemoryPlan:
     prediction: Prediction
     kept: list[str] = field(default_factory=list)
     """Settings the user gave that the planner left alone."""
+    sample: str = ""
+    """The sample the activations were predicted for (cameras, tokens)."""
     measured_step1_gib: float | None = None
 
     def block(self) -> str:
@@ -71,7 +73,7 @@ class MemoryPlan:
             f"memory budget {self.budget_gib:g} GiB (memory.budget_gib): {chosen}; microbatch "
             f"{self.microbatch} x {self.grad_accum} accumulated (effective batch {self.microbatch * self.grad_accum} "
             f"per rank); AdamW moments {self.moments}",
-            f"  predicted peak per rank {gib['total']:.2f} GiB:",
+            f"  predicted peak per rank {gib['total']:.2f} GiB (a sample of {self.sample}):",
             *(f"    {name.replace('_', ' '):<18} {gib[name]:6.2f} GiB" for name in COMPONENTS),
         ]
         lines += [f"  kept as you set it: {k}" for k in self.kept]
@@ -173,8 +175,18 @@ def plan_for_budget(cfg: TrainConfig, env) -> tuple[TrainConfig, MemoryPlan | No
     chosen = _names(chosen)
     # int8 chosen is recorded as such; fp32 stays `auto`, as runs without a budget record it
     final = _memory(candidate, adam_moments="int8") if moments == "int8" else candidate
+    cameras = len(cfg.data.cameras) if cfg.data.cameras else 2
+    prompt = "" if cfg.model.vlm_seq_len else ", the prompt at its default length"
+    sample = f"{cameras} camera(s): {shapes.vlm_tokens} VLM and {shapes.action_tokens} action tokens{prompt}"
     plan = MemoryPlan(
-        budget, chosen, final.data.batch_size, final.optim.grad_accum, moments, prediction, kept
+        budget,
+        chosen,
+        final.data.batch_size,
+        final.optim.grad_accum,
+        moments,
+        prediction,
+        kept,
+        sample=sample,
     )
     if env.is_main:
         log.info("%s", plan.block())
