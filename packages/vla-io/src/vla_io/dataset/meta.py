@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +66,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_parquet(path: Path) -> dict[str, list]:
+def _read_parquet(path: Path, columns: Collection[str] | None = None) -> dict[str, list]:
+    """The file's columns as lists: all of them, or those of `columns` that it has."""
     try:
-        return pq.read_table(path).to_pydict()
+        if columns is not None:
+            columns = [name for name in pq.read_schema(path).names if name in columns]
+        return pq.read_table(path, columns=columns).to_pydict()
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: file not found") from None
     except Exception as err:  # pyarrow raises several types for corrupt files
@@ -186,22 +189,42 @@ class DatasetMeta:
         files = sorted((self.root / "meta/episodes").glob("chunk-*/file-*.parquet"))
         if not files:
             raise DatasetFormatError(f"{self.root / 'meta/episodes'}: no episode parquet files found")
+        # only the columns read here: the per-episode statistics columns are most of the file
+        wanted = {
+            "episode_index",
+            "length",
+            "tasks",
+            "data/chunk_index",
+            "data/file_index",
+            "dataset_from_index",
+        }
+        wanted |= {
+            f"videos/{k}/{c}"
+            for k in self.video_keys
+            for c in ("chunk_index", "file_index", "from_timestamp")
+        }
+        paths: dict[str, Path] = {}  # episodes share files: one Path object per file
         episodes = []
         for path in files:
-            table = _read_parquet(path)
+            table = _read_parquet(path, wanted)
             for i in range(len(table.get("episode_index", []))):
-                episodes.append(self._episode_v3(path, {k: v[i] for k, v in table.items()}))
+                episodes.append(self._episode_v3(path, {k: v[i] for k, v in table.items()}, paths))
         return sorted(episodes, key=lambda e: e.index)
 
-    def _episode_v3(self, path: Path, row: Mapping[str, Any]) -> Episode:
+    def _episode_v3(self, path: Path, row: Mapping[str, Any], paths: dict[str, Path]) -> Episode:
         def need(name: str) -> Any:
             if name not in row or row[name] is None:
                 raise DatasetFormatError(f"{path}: episode {row.get('episode_index')} has no {name!r}")
             return row[name]
 
+        def under_root(relative: str) -> Path:
+            return paths.get(relative) or paths.setdefault(relative, self.root / relative)
+
         index = int(need("episode_index"))
-        data = self.root / self.info["data_path"].format(
-            chunk_index=int(need("data/chunk_index")), file_index=int(need("data/file_index"))
+        data = under_root(
+            self.info["data_path"].format(
+                chunk_index=int(need("data/chunk_index")), file_index=int(need("data/file_index"))
+            )
         )
         videos = {}
         for key in self.video_keys:
@@ -212,7 +235,7 @@ class DatasetMeta:
                 chunk_index=int(row[f"videos/{key}/chunk_index"]),
                 file_index=int(row[f"videos/{key}/file_index"]),
             )
-            videos[key] = VideoSpan(self.root / file, float(row.get(f"videos/{key}/from_timestamp") or 0.0))
+            videos[key] = VideoSpan(under_root(file), float(row.get(f"videos/{key}/from_timestamp") or 0.0))
         return Episode(
             index,
             int(need("length")),

@@ -71,11 +71,132 @@ def unknown_task_reason(meta: DatasetMeta, values: Sequence[int]) -> str:
     return f"task_index {index_ranges(shown)} is not in {tasks_file} ({known})"
 
 
+FileRows = dict[str, np.ndarray] | list[dict[str, np.ndarray]]
+"""The selected episodes' rows of one data file: columns holding the episodes' rows one after another
+(the fast path), or one dict of columns per episode (the plain path, taken only for a file it must judge)."""
+
+
+def read_file_rows(path: str, episodes: Sequence[Episode], skip: set[str], strict: bool) -> FileRows:
+    """The rows of `episodes` (in that order) of data file `path`, checked: row counts against the episodes
+    index and, with `strict`, `frame_index` 0..length-1 in each episode.
+
+    The file is read once and each column converted once; episodes' rows are found with one sort of
+    `episode_index`. Anything the fast path cannot take as it is (a failed check, null values, vectors of
+    different lengths) sends the file through the plain per-episode reader, whose errors name the first
+    bad episode and key as they always have.
+    """
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise DatasetFormatError(f"{path}: data file of episode {episodes[0].index} not found") from None
+    except Exception as err:
+        raise DatasetFormatError(f"{path}: cannot read parquet ({err})") from err
+    names = [n for n in table.column_names if n not in skip]
+    has_column = "episode_index" in table.column_names
+    if has_column:
+        episode_of_row = column_to_numpy(table["episode_index"], f"{path}: episode_index")
+    elif len(episodes) == 1:
+        episode_of_row = np.full(table.num_rows, episodes[0].index)
+    else:
+        raise DatasetFormatError(f"{path}: no 'episode_index' column in a file shared by several episodes")
+    columns = _rows_at_once(table, names, episode_of_row, episodes, strict)
+    if columns is None:
+        return _rows_one_by_one(path, table, names, episode_of_row, has_column, episodes, strict)
+    return columns
+
+
+def _rows_at_once(
+    table: pa.Table, names: list[str], episode_of_row: np.ndarray, episodes: Sequence[Episode], strict: bool
+) -> dict[str, np.ndarray] | None:
+    """The fast path of `read_file_rows`; None where a check fails or a column needs the plain path."""
+    if episode_of_row.dtype.kind != "i":  # nulls made it float: the plain path says which rows are missing
+        return None
+    wanted = np.array([ep.index for ep in episodes], dtype=np.int64)
+    lengths = np.array([ep.length for ep in episodes], dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    total = int(lengths.sum())
+    order = None  # rows sorted by episode, stable: within an episode, file order
+    if len(episode_of_row) > 1 and (np.diff(episode_of_row) < 0).any():
+        order = np.argsort(episode_of_row, kind="stable")
+    by_episode = episode_of_row if order is None else episode_of_row[order]
+    first = np.searchsorted(by_episode, wanted, side="left")
+    count = np.searchsorted(by_episode, wanted, side="right") - first
+    if (count != lengths).any():
+        return None
+    rows = np.repeat(first - starts, lengths) + np.arange(total)
+    rows = rows if order is None else order[rows]
+    whole = total == table.num_rows and (rows == np.arange(total)).all()
+    part = table if whole else table.take(pa.array(rows))
+    out = {}
+    for name in names:
+        column = part[name]
+        if column.null_count:
+            return None
+        try:
+            out[name] = column_to_numpy(column, name)
+        except DatasetFormatError:
+            return None
+    frame_index = out.get("frame_index")
+    if strict and frame_index is not None:
+        expected = np.arange(total) - np.repeat(starts, lengths)
+        if frame_index.shape != expected.shape or (frame_index != expected).any():
+            return None
+    return out
+
+
+def _rows_one_by_one(
+    path: str,
+    table: pa.Table,
+    names: list[str],
+    episode_of_row: np.ndarray,
+    has_column: bool,
+    episodes: Sequence[Episode],
+    strict: bool,
+) -> list[dict[str, np.ndarray]]:
+    """The plain path of `read_file_rows`: each episode's rows taken and checked on their own."""
+    out = []
+    for ep in episodes:
+        rows = np.flatnonzero(episode_of_row == ep.index)
+        if len(rows) != ep.length:
+            held = index_ranges(np.unique(episode_of_row).tolist())
+            column = f" (the file's 'episode_index' values: {held})" if has_column else ""
+            raise DatasetFormatError(
+                f"{path}: episode {ep.index} has {len(rows)} rows but its metadata says length {ep.length}"
+                + column
+            )
+        part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
+        out.append({n: column_to_numpy(part[n], f"{path}: episode {ep.index}, key {n!r}") for n in names})
+        frame_index = out[-1].get("frame_index")
+        if strict and frame_index is not None and not np.array_equal(frame_index, np.arange(ep.length)):
+            raise DatasetFormatError(f"{path}: episode {ep.index}: 'frame_index' is not 0..{ep.length - 1}")
+    return out
+
+
+def _episode_columns(rows: FileRows, lengths: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """`rows` as one dict per episode (views into the columns of the fast path)."""
+    if isinstance(rows, list):
+        return rows
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64)).tolist()
+    return [{n: v[end - length : end] for n, v in rows.items()} for end, length in zip(ends, lengths)]
+
+
+def _joined_columns(rows: FileRows) -> dict[str, np.ndarray]:
+    """`rows` as columns holding the episodes one after another."""
+    if isinstance(rows, dict):
+        return rows
+    return {k: np.concatenate([part[k] for part in rows]) for k in rows[0]} if rows else {}
+
+
+def _column_names(rows: FileRows) -> list[str]:
+    return list(rows) if isinstance(rows, dict) else list(rows[0]) if rows else []
+
+
 class FrameTable:
     """Every parquet row of the selected episodes, concatenated in episode order.
 
     `columns[key][row]` is one frame's value; `starts[e]`/`ends[e]` bound episode e's rows (position in
-    `episodes`), and `row_episode[row]` gives that position back.
+    `episodes`), and `row_episode[row]` gives that position back. Each data file is read once and each of
+    its columns converted to numpy once; episodes' rows are found and gathered with index arrays.
     """
 
     def __init__(
@@ -88,18 +209,17 @@ class FrameTable:
         by_file: dict[str, list[int]] = {}
         for pos, ep in enumerate(self.episodes):
             by_file.setdefault(str(ep.data_path), []).append(pos)
-        parts: dict[int, dict[str, np.ndarray]] = {}
-        files = tqdm(by_file.items(), desc="reading parquet", disable=not progress or len(by_file) < 50)
-        for path, positions in files:
-            parts.update(
-                self._read_file(path, [self.episodes[p] for p in positions], positions, skip, strict)
+        files: list[tuple[list[int], FileRows]] = []
+        bar = tqdm(by_file.items(), desc="reading parquet", disable=not progress or len(by_file) < 50)
+        for path, positions in bar:
+            files.append(
+                (positions, read_file_rows(path, [self.episodes[p] for p in positions], skip, strict))
             )
-        keys = list(parts[0]) if parts else []
-        self._check_same_columns(meta, parts)
-        self.columns = {k: np.concatenate([parts[p][k] for p in range(len(self.episodes))]) for k in keys}
+        self._check_same_columns(meta, files)
         lengths = np.array([e.length for e in self.episodes], dtype=np.int64)
         self.ends = np.cumsum(lengths)
         self.starts = self.ends - lengths
+        self.columns = self._in_episode_order(files, lengths)
         self.row_episode = np.repeat(np.arange(len(self.episodes)), lengths)
         if "frame_index" not in self.columns:  # some datasets lack it; it is the row's place in its episode
             self.columns["frame_index"] = np.arange(len(self.row_episode)) - self.starts[self.row_episode]
@@ -107,24 +227,51 @@ class FrameTable:
     def __len__(self) -> int:
         return len(self.row_episode)
 
-    def _check_same_columns(self, meta: DatasetMeta, parts: dict[int, dict[str, np.ndarray]]) -> None:
+    def _in_episode_order(
+        self, files: list[tuple[list[int], FileRows]], lengths: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """The files' columns joined, their rows gathered into episode order (one take per column, none
+        when the files already hold the episodes in order, as they do in LeRobot's layouts)."""
+        if not files:
+            return {}
+        file_order = np.concatenate([np.asarray(positions, dtype=np.int64) for positions, _ in files])
+        # where each episode's rows start in the files' columns joined end to end
+        joined_start = np.empty(len(lengths), dtype=np.int64)
+        joined_start[file_order] = np.cumsum(lengths[file_order]) - lengths[file_order]
+        gather = None
+        if (file_order != np.arange(len(file_order))).any():
+            gather = np.repeat(joined_start - self.starts, lengths) + np.arange(int(lengths.sum()))
+        per_file = [_joined_columns(rows) for _, rows in files]
+        out = {}
+        for key in per_file[0]:
+            parts = [columns[key] for columns in per_file]
+            values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            values = values if gather is None else values[gather]
+            # an Arrow buffer seen through numpy is read-only: own a writable copy, as a concatenation gives
+            out[key] = values if values.flags.writeable else values.copy()
+        return out
+
+    def _check_same_columns(self, meta: DatasetMeta, files: list[tuple[list[int], FileRows]]) -> None:
         """Every data file must hold the same columns: DatasetFormatError naming the file, episode and
         column, blaming a file that lacks a declared feature before one that has an undeclared extra."""
-        union = {key for part in parts.values() for key in part}
+        names = [(positions, _column_names(rows)) for positions, rows in files]
+        union = {key for _, columns in names for key in columns}
         declared = [k for k, f in meta.features.items() if k in union]
-        for pos, part in parts.items():
-            lacking = [k for k in declared if k not in part]
+        for positions, columns in names:
+            lacking = [k for k in declared if k not in columns]
             if lacking:
+                ep = self.episodes[positions[0]]
                 raise DatasetFormatError(
-                    f"{self.episodes[pos].data_path}: episode {self.episodes[pos].index}: no column "
+                    f"{ep.data_path}: episode {ep.index}: no column "
                     f"{', '.join(map(repr, lacking))}, which meta/info.json declares and other data files "
                     "have. `vla-io check` lists every such file"
                 )
-        for pos, part in parts.items():
-            extra = [k for k in part if k not in declared and any(k not in p for p in parts.values())]
+        for positions, columns in names:
+            extra = [k for k in columns if k not in declared and any(k not in c for _, c in names)]
             if extra:
+                ep = self.episodes[positions[0]]
                 raise DatasetFormatError(
-                    f"{self.episodes[pos].data_path}: episode {self.episodes[pos].index}: column "
+                    f"{ep.data_path}: episode {ep.index}: column "
                     f"{', '.join(map(repr, extra))}, which other data files lack and meta/info.json does not "
                     "declare"
                 )
@@ -133,37 +280,6 @@ class FrameTable:
     def _read_file(
         path: str, episodes: list[Episode], positions: list[int], skip: set[str], strict: bool
     ) -> dict[int, dict[str, np.ndarray]]:
-        try:
-            table = pq.read_table(path)
-        except FileNotFoundError:
-            raise DatasetFormatError(f"{path}: data file of episode {episodes[0].index} not found") from None
-        except Exception as err:
-            raise DatasetFormatError(f"{path}: cannot read parquet ({err})") from err
-        names = [n for n in table.column_names if n not in skip]
-        has_column = "episode_index" in table.column_names
-        if has_column:
-            episode_of_row = column_to_numpy(table["episode_index"], f"{path}: episode_index")
-        elif len(episodes) == 1:
-            episode_of_row = np.full(table.num_rows, episodes[0].index)
-        else:
-            raise DatasetFormatError(
-                f"{path}: no 'episode_index' column in a file shared by several episodes"
-            )
-        out = {}
-        for pos, ep in zip(positions, episodes):
-            rows = np.flatnonzero(episode_of_row == ep.index)
-            if len(rows) != ep.length:
-                held = index_ranges(np.unique(episode_of_row).tolist())
-                column = f" (the file's 'episode_index' values: {held})" if has_column else ""
-                raise DatasetFormatError(
-                    f"{path}: episode {ep.index} has {len(rows)} rows but its metadata says length {ep.length}"
-                    + column
-                )
-            part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
-            out[pos] = {n: column_to_numpy(part[n], f"{path}: episode {ep.index}, key {n!r}") for n in names}
-            frame_index = out[pos].get("frame_index")
-            if strict and frame_index is not None and not np.array_equal(frame_index, np.arange(ep.length)):
-                raise DatasetFormatError(
-                    f"{path}: episode {ep.index}: 'frame_index' is not 0..{ep.length - 1}"
-                )
-        return out
+        """{position: {column: that episode's rows}} of one data file (views into the file's columns)."""
+        rows = read_file_rows(path, episodes, skip, strict)
+        return dict(zip(positions, _episode_columns(rows, [ep.length for ep in episodes])))
