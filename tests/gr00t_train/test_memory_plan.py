@@ -351,3 +351,31 @@ def test_the_trainer_records_the_plan_in_summary_json(tmp_path, env, monkeypatch
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["memory_plan"] == json.loads(json.dumps(plan.facts(None)))
     assert summary["memory_plan"]["predicted_gib"]["total"] > 0
+
+
+def test_int8_moments_resume_bit_for_bit(tmp_path, env) -> None:
+    """memory.adam_moments=int8 (the torch form of vla-overlap's flat step on a CPU): a run resumed from its
+    step-2 checkpoint repeats steps 3-4 of the uninterrupted run bit for bit (the checkpoint holds the
+    decoded moments, which encode back to the same codes)."""
+    tokenizer = gr00t_model.load_tokenizer(None)
+
+    def run(folder, *overrides) -> list[float]:
+        cfg = _cfg(folder, "optimizations.comm=zero1_overlap", "memory.adam_moments=int8", "logging.every=1",
+                   "steps=4", *overrides)  # fmt: skip
+        model = adapter.build_model(cfg, CPU, tokenizer)
+        parts = gr00t_train.TrainParts(
+            model=model, loss_fn=adapter.gr00t_loss, data=Source(model.config, 2),
+            save_model=adapter.save_model, load_model=adapter.load_model_in_place,
+            draw=adapter.make_draw(model, 2, CPU), flops_per_sample=1.0, tokens_per_sample=1.0,
+        )  # fmt: skip
+        trainer = Trainer(cfg, parts, env)
+        trainer.fit()
+        assert trainer.comm.optimizer.moments == "int8"
+        return [
+            json.loads(line)["loss"] for line in (folder / "run/metrics.jsonl").open() if '"loss"' in line
+        ]
+
+    reference = run(tmp_path / "a")
+    run(tmp_path / "b", "checkpoint.every=2")
+    resumed = run(tmp_path / "b", f"checkpoint.resume={tmp_path / 'b/run/checkpoints/step_000002'}")
+    assert resumed == reference and len(reference) == 4
