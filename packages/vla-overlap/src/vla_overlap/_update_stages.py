@@ -31,20 +31,25 @@ def block_stages(blocks: torch.Tensor, pieces: list[tuple[int, int, int]]) -> to
     shard, sorted by start: the earliest stage among the pieces the block overlaps."""
     if len(blocks) == 0:
         return torch.zeros(0, dtype=torch.int64)
-    starts = torch.tensor([s for s, _, _ in pieces], dtype=torch.int64)
-    ends = torch.tensor([e for _, e, _ in pieces], dtype=torch.int64)
-    stage = torch.tensor([k for _, _, k in pieces], dtype=torch.int64)
-    begin, end = blocks[:, 0].contiguous(), (blocks[:, 0] + blocks[:, 1]).contiguous()
-    first = torch.searchsorted(starts, begin, right=True) - 1  # the piece holding the block's start
-    last = torch.searchsorted(starts, end, right=False) - 1
-    if int((last - first).max()) >= MAX_PIECES_PER_BLOCK:
-        raise ValueError("a block of the flat step overlaps more parameters than the stage plan allows")
+    table = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
+    starts, ends, stage = table[:, 0], table[:, 1], table[:, 2]
+    begin = blocks[:, 0].numpy()
+    end = begin + blocks[:, 1].numpy()
+    first = np.searchsorted(starts, begin, side="right") - 1  # the piece holding the block's start
+    last = np.searchsorted(starts, end, side="left") - 1
     best = stage[first]
-    for offset in range(1, int((last - first).max()) + 1):
-        at = torch.minimum(first + offset, last)
-        overlaps = (starts[at] < end) & (ends[at] > begin)
-        best = torch.where(overlaps, torch.minimum(best, stage[at]), best)
-    return best
+    many = np.flatnonzero(last > first)  # blocks over more than one piece (small parameters side by side)
+    if len(many):
+        first, last, begin, end = first[many], last[many], begin[many], end[many]
+        if int((last - first).max()) >= MAX_PIECES_PER_BLOCK:
+            raise ValueError("a block of the flat step overlaps more parameters than the stage plan allows")
+        low = best[many]
+        for offset in range(1, int((last - first).max()) + 1):
+            at = np.minimum(first + offset, last)
+            overlaps = (starts[at] < end) & (ends[at] > begin)
+            low = np.where(overlaps, np.minimum(low, stage[at]), low)
+        best[many] = low
+    return torch.from_numpy(best)
 
 
 def split_by_stage(flat: dict[str, Any], pieces: list[tuple[int, int, int]], count: int) -> list:
