@@ -14,6 +14,7 @@ from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
 from ._config import GR00TConfig
 from ._frozen_linear import gelu_into_gemm, merge_qkv, pad_mlp, use_fp8
+from ._inductor_cache import let_multi_kernels_load_from_cache
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
 
@@ -22,11 +23,9 @@ INDUCTOR_OPTIONS = {
     # too, and the faster one is kept (timed once, on first run). SigLIP2's LayerNorms over 1152 channels
     # otherwise run looped at about 1 TB/s: +2.3% samples/s on an H200 (BENCHMARKS.md, levers tried).
     "triton.multi_kernel": 1,
-    # torch 2.11 cannot load a multi-kernel graph back from Inductor's FX graph cache (the kernels' hash
-    # lock is dropped for pickling; MultiKernelCall reads it first), so a second process crashed at its
-    # first compile. Without the cache (and so without AOTAutograd's) every run compiles: about 45 s.
-    "fx_graph_cache": False,
 }
+# A multi-kernel graph loads back from Inductor's FX graph cache (and so from AOTAutograd's) only with
+# _inductor_cache's fix: compile_blocks applies it, so a second run reuses the first one's compiled graphs.
 
 
 class GR00TN16(nn.Module):
@@ -156,8 +155,10 @@ class GR00TN16(nn.Module):
         module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count of
         repeated blocks."""
         options = {"dynamic": False, **options}
-        if options.get("backend", "inductor") == "inductor" and "mode" not in options:
-            options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
+        if options.get("backend", "inductor") == "inductor":
+            let_multi_kernels_load_from_cache()
+            if "mode" not in options:
+                options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
         blocks = self.repeated_blocks()
         for block, name in [(block, "forward") for block in blocks] + self.once_per_step():
             if name not in vars(block):

@@ -1,0 +1,45 @@
+"""Lets a multi-kernel graph load back from Inductor's FX graph cache (torch 2.11 and later, CUDA).
+
+A graph compiled with `triton.multi_kernel` holds each reduction as a MultiKernelCall over two Triton kernels.
+When the graph comes back from the FX graph cache, its kernels come as the statically launchable autotuners
+saved with it: pickled after `CachingAutotuner.prepare_for_pickle`, which sets the kernel's `fn._hash_lock` to
+None, and handed out by `StaticAutotunerFuture.result` without putting a lock back. MultiKernelCall reads
+`fn.cache_key` (which takes that lock) to find the sub-kernel it picked last time, so the second process
+failed at its first compiled call. Giving the kernel a fresh lock there is all that is missing: the kernel's
+hash itself was saved with it, so the key reads the same as in the process that compiled it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+
+def _give_lock(kernel: Any) -> None:
+    fn = getattr(kernel, "fn", None)
+    if fn is not None and hasattr(fn, "_hash_lock") and fn._hash_lock is None:
+        fn._hash_lock = threading.RLock()
+
+
+def let_multi_kernels_load_from_cache() -> bool:
+    """Wrap `StaticAutotunerFuture.result` (once per process) so every kernel it returns holds a usable hash
+    lock. Returns whether this torch has that loader (where it does not, no cached kernel lacks its lock)."""
+    try:
+        from torch._inductor.codecache import StaticAutotunerFuture
+    except ImportError:
+        return False
+    result = StaticAutotunerFuture.result
+    if getattr(result, "_gives_hash_lock", False):
+        return True
+
+    @functools.wraps(result)
+    def result_with_lock(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _give_lock(getattr(self, "static_autotuner", None))  # before: loading it may read the key too
+        kernel = result(self, *args, **kwargs)
+        _give_lock(kernel)
+        return kernel
+
+    result_with_lock._gives_hash_lock = True  # type: ignore[attr-defined]
+    StaticAutotunerFuture.result = result_with_lock  # type: ignore[method-assign]
+    return True

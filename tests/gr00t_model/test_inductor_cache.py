@@ -1,0 +1,77 @@
+"""_inductor_cache: kernels that Inductor's FX graph cache hands back as static autotuners get a usable hash
+lock, so a multi-kernel graph (whose MultiKernelCall reads each kernel's cache_key) loads in a second process."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+import torch
+from gr00t_model._inductor_cache import let_multi_kernels_load_from_cache
+
+codecache = pytest.importorskip("torch._inductor.codecache")
+
+
+def _pickled_kernel() -> types.SimpleNamespace:
+    """A stand-in for a CachingAutotuner after prepare_for_pickle: its fn's hash kept, its lock dropped."""
+    kernel = types.SimpleNamespace(fn=types.SimpleNamespace(hash="abc", _hash_lock=None))
+    kernel.recheck_autotune_cache = lambda **_: None
+    kernel.precompile = lambda **_: None
+    return kernel
+
+
+def test_static_autotuners_come_back_with_a_lock() -> None:
+    if not hasattr(codecache, "StaticAutotunerFuture"):
+        pytest.skip("this torch loads no static autotuners from the FX graph cache")
+    original = codecache.StaticAutotunerFuture.result
+    try:
+        assert let_multi_kernels_load_from_cache() and let_multi_kernels_load_from_cache()
+        wrapped = codecache.StaticAutotunerFuture.result
+        assert (
+            wrapped is not original and wrapped.__wrapped__ is original
+        )  # wrapped once, however often called
+        future = codecache.StaticAutotunerFuture(_pickled_kernel())
+        future.reload_kernel_from_src = lambda: None
+        kernel = future.result()
+        assert isinstance(kernel.fn._hash_lock, type(threading.RLock()))
+        with kernel.fn._hash_lock:  # what triton's JITFunction.cache_key does first
+            pass
+    finally:
+        codecache.StaticAutotunerFuture.result = original
+
+
+def test_a_triton_function_without_its_lock_cannot_give_its_key() -> None:
+    """The failure the fix is for, on Triton's own class (no GPU needed to hash a kernel's source)."""
+    triton = pytest.importorskip("triton")
+    from gr00t_model._inductor_cache import _give_lock
+
+    @triton.jit
+    def add_one(x_ptr):
+        triton.language.store(x_ptr, triton.language.load(x_ptr) + 1)
+
+    if not hasattr(add_one, "_hash_lock"):
+        pytest.skip("this Triton keeps no hash lock")
+    key = add_one.cache_key
+    add_one._hash_lock = None  # as prepare_for_pickle leaves it
+    with pytest.raises((AttributeError, TypeError)):
+        _ = add_one.cache_key
+    _give_lock(types.SimpleNamespace(fn=add_one))
+    assert add_one.cache_key == key
+
+
+def test_compile_blocks_applies_it_and_keeps_the_fx_graph_cache(monkeypatch) -> None:
+    from unittest import mock
+
+    from gr00t_model import GR00TN16, GR00TConfig, _model
+
+    calls = []
+    monkeypatch.setattr(_model, "let_multi_kernels_load_from_cache", lambda: calls.append(1) or True)
+    model = GR00TN16(GR00TConfig.preset("tiny"))
+    with mock.patch.object(torch, "compile", lambda fn, **kw: fn):
+        model.compile_blocks()
+        model.uncompile_blocks()
+        model.compile_blocks(backend="aot_eager")
+        model.uncompile_blocks()
+    assert calls == [1]  # Inductor only
+    assert "fx_graph_cache" not in _model.INDUCTOR_OPTIONS
