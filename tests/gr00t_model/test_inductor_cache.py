@@ -11,14 +11,53 @@ import torch
 from gr00t_model._inductor_cache import let_multi_kernels_load_from_cache
 
 codecache = pytest.importorskip("torch._inductor.codecache")
+multi_kernel = pytest.importorskip("torch._inductor.codegen.multi_kernel")
+
+
+@pytest.fixture(autouse=True)
+def _unwrapped():
+    """Each test starts from torch's own methods and leaves them as they were."""
+    saved = [(owner, name, vars(owner)[name]) for owner, name in (
+        (multi_kernel.MultiKernelCall, "load_cache"), (getattr(codecache, "StaticAutotunerFuture", None), "result")
+    ) if owner is not None]  # fmt: skip
+    for owner, name, method in saved:
+        setattr(owner, name, getattr(method, "__wrapped__", method))
+    yield
+    for owner, name, method in saved:
+        setattr(owner, name, method)
+
+
+class _PickledFunction:
+    """Triton's JITFunction as prepare_for_pickle leaves it: its hash kept, its lock dropped (cache_key takes
+    the lock first, as Triton's does)."""
+
+    def __init__(self) -> None:
+        self.hash, self._hash_lock = "abc", None
+
+    @property
+    def cache_key(self) -> str:
+        with self._hash_lock:
+            return self.hash
 
 
 def _pickled_kernel() -> types.SimpleNamespace:
-    """A stand-in for a CachingAutotuner after prepare_for_pickle: its fn's hash kept, its lock dropped."""
-    kernel = types.SimpleNamespace(fn=types.SimpleNamespace(hash="abc", _hash_lock=None))
+    """A stand-in for a CachingAutotuner after prepare_for_pickle."""
+    kernel = types.SimpleNamespace(fn=_PickledFunction(), size_hints={"x": 1024}, triton_meta={})
     kernel.recheck_autotune_cache = lambda **_: None
     kernel.precompile = lambda **_: None
     return kernel
+
+
+def test_a_multi_kernel_reads_the_keys_of_kernels_that_lost_their_lock(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_DISABLE_MULTI_KERNEL_CACHE", raising=False)
+    with pytest.raises((AttributeError, TypeError)):  # the failure: `with None`
+        multi_kernel.MultiKernelCall("k", [_pickled_kernel(), _pickled_kernel()], [[0], [0]])
+    assert let_multi_kernels_load_from_cache()
+    kernels = [_pickled_kernel(), _pickled_kernel()]
+    call = multi_kernel.MultiKernelCall("k", kernels, [[0], [0]])
+    assert call.picked_kernel is None  # nothing picked before in this cache
+    assert all(k.fn.cache_key == "abc" for k in kernels)
 
 
 def test_static_autotuners_come_back_with_a_lock() -> None:

@@ -23,23 +23,38 @@ def _give_lock(kernel: Any) -> None:
 
 
 def let_multi_kernels_load_from_cache() -> bool:
-    """Wrap `StaticAutotunerFuture.result` (once per process) so every kernel it returns holds a usable hash
-    lock. Returns whether this torch has that loader (where it does not, no cached kernel lacks its lock)."""
+    """Give every kernel a usable hash lock before MultiKernelCall reads its key (wrapping
+    `MultiKernelCall.load_cache`), and every kernel `StaticAutotunerFuture.result` hands out one too; once per
+    process. Returns whether this torch has multi-kernels to fix."""
+    try:
+        from torch._inductor.codegen.multi_kernel import MultiKernelCall
+    except ImportError:
+        return False
+    load_cache = MultiKernelCall.load_cache
+    if not getattr(load_cache, "_gives_hash_lock", False):
+
+        @functools.wraps(load_cache)
+        def load_cache_with_locks(self: Any, *args: Any, **kwargs: Any) -> Any:
+            for kernel in self.kernels:  # resolves the kernels' futures, as the key reads them anyway
+                _give_lock(kernel)
+            return load_cache(self, *args, **kwargs)
+
+        load_cache_with_locks._gives_hash_lock = True  # type: ignore[attr-defined]
+        MultiKernelCall.load_cache = load_cache_with_locks  # type: ignore[method-assign]
     try:
         from torch._inductor.codecache import StaticAutotunerFuture
     except ImportError:
-        return False
-    result = StaticAutotunerFuture.result
-    if getattr(result, "_gives_hash_lock", False):
         return True
+    result = StaticAutotunerFuture.result
+    if not getattr(result, "_gives_hash_lock", False):
 
-    @functools.wraps(result)
-    def result_with_lock(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _give_lock(getattr(self, "static_autotuner", None))  # before: loading it may read the key too
-        kernel = result(self, *args, **kwargs)
-        _give_lock(kernel)
-        return kernel
+        @functools.wraps(result)
+        def result_with_lock(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _give_lock(getattr(self, "static_autotuner", None))  # before: loading it may read the key too
+            kernel = result(self, *args, **kwargs)
+            _give_lock(kernel)
+            return kernel
 
-    result_with_lock._gives_hash_lock = True  # type: ignore[attr-defined]
-    StaticAutotunerFuture.result = result_with_lock  # type: ignore[method-assign]
+        result_with_lock._gives_hash_lock = True  # type: ignore[attr-defined]
+        StaticAutotunerFuture.result = result_with_lock  # type: ignore[method-assign]
     return True
