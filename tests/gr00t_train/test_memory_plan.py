@@ -15,6 +15,7 @@ from gr00t_model import GR00TN16, GR00TConfig
 from gr00t_train import ConfigError, Trainer
 from gr00t_train import _gr00t as adapter
 from gr00t_train import _memory_budget as budget
+from gr00t_train._comm import adam_moments
 from gr00t_train._memory_activations import SAVED_PER_UNIT, count_saved_per_sample, shapes_of
 from gr00t_train._memory_plan import GiB, predict, state_bytes
 from gr00t_train._optimizations import resolve_optimizations
@@ -84,9 +85,7 @@ def _check_states(tmp_path, env, device, *overrides) -> None:
     cfg = _cfg(tmp_path, *overrides, device=device)
     tokenizer = gr00t_model.load_tokenizer(None)
     model = adapter.build_model(cfg, device, tokenizer)
-    predicted = state_bytes(
-        model, cfg, world_size=1, device_type=device.type, moments=cfg.memory.adam_moments
-    )
+    predicted = state_bytes(model, cfg, world_size=1, device_type=device.type, moments=adam_moments(cfg))
     batch = cfg.data.batch_size
     parts = gr00t_train.TrainParts(
         model=model, loss_fn=adapter.gr00t_loss, data=Source(model.config, batch, device),

@@ -52,6 +52,8 @@ class Prediction:
 
 def moment_bytes_per_element(moments: str) -> float:
     """Bytes of both AdamW moments per stepped element: fp32, or int8 with one fp32 scale per block."""
+    if moments not in ("fp32", "int8"):  # "auto" must be resolved first (_comm.adam_moments)
+        raise ValueError(f"moments must be fp32 or int8, got {moments!r}")
     return 8.0 if moments == "fp32" else 2.0 + 2 * 4.0 / INT8_BLOCK
 
 
