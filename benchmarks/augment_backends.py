@@ -68,7 +68,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 
 
 def release_step(keys: list[str], side: int, backend: str) -> ImageAugment:
-    """The device step with gr00t-train's settings (the numbers of gr00t_model.ImageSpec, as gr00t_train._data.image_transform passes them)."""
+    """The device step with gr00t-train's settings (the numbers of gr00t_model.ImageSpec, as gr00t_train.data.dataset.image_transform passes them)."""
     config = ImageTransformConfig(
         size=(side, side), crop_scale=(0.95**2, 0.95**2), letterbox=True, same_across_views=True,
         brightness=0.1, contrast=0.1, saturation=0.1, hue=36.0, mean=(0.5,) * 3, std=(0.5,) * 3,

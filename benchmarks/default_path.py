@@ -26,7 +26,7 @@ from pathlib import Path
 
 RUN = """
 import sys
-import gr00t_train._components.validation as validation
+import gr00t_train.validation.component as validation
 from gr00t_train.cli import main
 validation.EVAL_STANCE = {stance!r}
 sys.exit(main({argv!r}))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from _train_runs import add_run_arguments, train, write_report
-from gr00t_train._components.metrics import read_history
+from gr00t_train.metrics.component import read_history
 
 RUNS = (("fp32", "float32"), ("fp32-again", "float32"), ("bf16", "bfloat16"))
 

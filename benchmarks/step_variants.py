@@ -313,7 +313,7 @@ def main() -> None:
 def profile_row(args, out: Path, env, row: str, active: int = 3) -> dict:
     """Kernel time by family (and the top kernels) over `active` steps of a row, after its warmup steps."""
     import gr00t_train
-    from gr00t_train._profile import profile_steps
+    from gr00t_train.metrics.profile import profile_steps
 
     cfg = _config(args, "profiled", ROWS[row], args.warmup + 3 + active, out)
     trainer = gr00t_train.Trainer(cfg, _parts(cfg, env, _batches(args)), env)

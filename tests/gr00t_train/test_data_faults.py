@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from gr00t_train._data import check_finite
 from gr00t_train._errors import DataError, NonFiniteLossError
-from gr00t_train._features import map_features
 from gr00t_train._run_checks import describe_nonfinite, tag_samples
+from gr00t_train.data.dataset import check_finite
+from gr00t_train.data.features import map_features
 
 
 def _meta(video_keys=("observation.images.front", "observation.images.wrist"), state=True):

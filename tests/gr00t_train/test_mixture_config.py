@@ -9,7 +9,7 @@ import gr00t_train
 import pytest
 from gr00t_train import ConfigError, DataError
 from gr00t_train._config_io import config_from_dict, config_to_dict
-from gr00t_train._mixture_data import plan_mixture
+from gr00t_train.data.mixture_data import plan_mixture
 
 TOML = """
 preset = "demo"
@@ -161,7 +161,7 @@ def test_the_readme_example_is_a_valid_config(tmp_path) -> None:
 
 
 def test_a_run_never_writes_into_a_mixture_member(tmp_path, roots) -> None:
-    from gr00t_train._folder_checks import refuse_dataset_folder
+    from gr00t_train.run_folder.checks import refuse_dataset_folder
 
     cfg = _load(tmp_path, TOML.format(a=roots[0], b=roots[1]))
     refuse_dataset_folder(cfg, [(tmp_path / "out", "output_dir")])

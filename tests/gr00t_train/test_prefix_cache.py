@@ -17,9 +17,11 @@ import gr00t_train
 import numpy as np
 import pytest
 import torch
-from gr00t_train import ConfigError, Trainer, _build, _prefix_cache
-from gr00t_train._prefix_cache_source import CachedSource
-from gr00t_train._prefix_cache_store import FeatureStore, dequantize, quantize
+from gr00t_train import ConfigError, Trainer
+from gr00t_train.model import build as _build
+from gr00t_train.prefix_cache import cache as _prefix_cache
+from gr00t_train.prefix_cache.source import CachedSource
+from gr00t_train.prefix_cache.store import FeatureStore, dequantize, quantize
 
 
 @pytest.fixture(scope="module")
@@ -368,7 +370,7 @@ def test_a_build_that_cannot_fit_is_refused_before_it_starts(
 def test_a_build_cut_short_leaves_nothing_usable(dataset, tmp_path, env, monkeypatch) -> None:
     """A build stopped half-way removes its temporary folder; one whose process was killed is removed by the
     next build of the same cache. Neither ever looks like a complete cache."""
-    from gr00t_train import _prefix_cache_build
+    from gr00t_train.prefix_cache import build as _prefix_cache_build
 
     sets = ("data.prefix_cache.mode=disk", f"data.prefix_cache.dir={tmp_path / 'caches'}")
     original, calls = _prefix_cache_build.FeatureStore.write, []

@@ -10,9 +10,10 @@ import gr00t_train
 import numpy as np
 import pytest
 import torch
-from gr00t_train import Trainer, _build
-from gr00t_train._prefix_cache_source import CachedSource
-from gr00t_train._prefix_cache_store import FeatureStore
+from gr00t_train import Trainer
+from gr00t_train.model import build as _build
+from gr00t_train.prefix_cache.source import CachedSource
+from gr00t_train.prefix_cache.store import FeatureStore
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ _WORKER = """
 import sys
 import torch
 import gr00t_train
-from gr00t_train import _build
+from gr00t_train.model import build as _build
 torch.set_num_threads(1)
 env = gr00t_train.init_distributed("cpu")
 out, *sets = sys.argv[1:]

@@ -16,16 +16,11 @@ from pathlib import Path
 import gr00t_train
 import pytest
 import torch
-from gr00t_train import (
-    Checkpointer,
-    ConfigError,
-    RunFolderError,
-    Trainer,
-    _folder_checks,
-    _folder_lock,
-    _run_folder,
-)
+from gr00t_train import Checkpointer, ConfigError, RunFolderError, Trainer
 from gr00t_train.cli import main
+from gr00t_train.run_folder import checks as _folder_checks
+from gr00t_train.run_folder import folder as _run_folder
+from gr00t_train.run_folder import lock as _folder_lock
 
 _HOLD = """
 import fcntl, json, os, sys, time
@@ -242,7 +237,7 @@ def test_resume_from_a_step_that_does_not_exist(tmp_path, env, standins) -> None
 
 # ------------------------------------------------------------------------------------------------ F10
 def test_infer_verifies_an_explicit_checkpoint_folder(tmp_path) -> None:
-    from gr00t_train._infer import find_checkpoint
+    from gr00t_train.validation.infer import find_checkpoint
 
     ck = Checkpointer(tmp_path / "ck", keep_last=2)
     final = ck.save(

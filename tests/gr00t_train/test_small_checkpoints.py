@@ -15,7 +15,7 @@ import pytest
 import torch
 from gr00t_train import ConfigError, Trainer
 from gr00t_train import _gr00t as adapter
-from gr00t_train._restore import load_pretrained
+from gr00t_train.checkpoint.restore import load_pretrained
 from safetensors import safe_open
 
 CPU = torch.device("cpu")
@@ -203,7 +203,7 @@ def test_a_changed_or_missing_base_is_refused(tmp_path, env, tokenizer, finished
     data[-1] ^= 0xFF
     (moved / "model.safetensors").write_bytes(bytes(data))  # restored, at another place: accepted
     _resume(tmp_path, env, tokenizer, finished, f"model.checkpoint={moved}")
-    from gr00t_train._restore import BaseError
+    from gr00t_train.checkpoint.restore import BaseError
 
     shutil.rmtree(moved)
     with pytest.raises(BaseError, match=f"its base {copy.resolve()} .* does not exist. Restore that folder"):

@@ -10,10 +10,10 @@ import logging
 import pytest
 import yaml
 from gr00t_train import TrainConfig, load_config
-from gr00t_train._config_docs import field_docs
 from gr00t_train._config_io import config_from_dict
 from gr00t_train._gr00t import start_facts, tokenizer_path
 from gr00t_train.cli import build_parser, main
+from gr00t_train.config.docs import field_docs
 
 
 def test_a_large_preset_from_random_weights_and_the_test_tokenizer_warns(caplog) -> None:

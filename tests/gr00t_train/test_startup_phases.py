@@ -8,7 +8,7 @@ import logging
 import time
 
 from gr00t_train import Trainer
-from gr00t_train._startup import PHASES, StartupClock, clock, seconds_since_process_start
+from gr00t_train.metrics.startup import PHASES, StartupClock, clock, seconds_since_process_start
 
 
 def test_phases_add_up_to_startup_and_land_in_summary_json(tmp_path, env, standins, caplog) -> None:
@@ -21,7 +21,7 @@ def test_phases_add_up_to_startup_and_land_in_summary_json(tmp_path, env, standi
     trainer = Trainer(cfg, parts, env)
     trainer.started_at = started
     clock.mark("optimizer")
-    with caplog.at_level(logging.INFO, logger="gr00t_train._startup"):
+    with caplog.at_level(logging.INFO, logger="gr00t_train.metrics.startup"):
         trainer.fit()
     phases = json.loads((tmp_path / "run" / "summary.json").read_text())["startup_phases"]
     assert list(phases) == [name for name in PHASES if name in phases]  # in order
@@ -37,7 +37,7 @@ def test_phases_add_up_to_startup_and_land_in_summary_json(tmp_path, env, standi
 
 
 def test_first_step_splits_into_compile_capture_and_the_rest(monkeypatch) -> None:
-    import gr00t_train._startup as startup
+    import gr00t_train.metrics.startup as startup
 
     monkeypatch.setattr(startup, "compile_seconds", lambda: 2.0)
     fresh = StartupClock()

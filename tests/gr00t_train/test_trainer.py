@@ -361,7 +361,7 @@ def test_tensorboard_scalars_when_installed(tmp_path, env, standins, monkeypatch
 @pytest.mark.parametrize("steps,window", [(1, 1), (4, 2), (19, 9), (20, 10), (50, 10)])
 def test_first_and_final_loss_are_halves_of_a_short_run(steps: int, window: int) -> None:
     # A 4-step run once printed "loss 1.3360 -> 1.3360": both means covered all 4 steps.
-    from gr00t_train._metrics import Throughput, summarize
+    from gr00t_train.metrics.records import Throughput, summarize
 
     throughput = Throughput(samples_per_step=2)
     records = [throughput.record(s, float(s), 1e-4, None, {"step": 0.1, "data_wait": 0.0, "h2d": 0.0,

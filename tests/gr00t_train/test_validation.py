@@ -15,8 +15,8 @@ import pytest
 import torch
 from _torchrun import torchrun
 from gr00t_train import DataError
-from gr00t_train._components.metrics import read_history, read_validation
-from gr00t_train._validation import (
+from gr00t_train.metrics.component import read_history, read_validation
+from gr00t_train.validation.held_out import (
     ActionErrors,
     HeldOut,
     action_columns,
@@ -174,7 +174,7 @@ def _fit(standins, env, out: Path, every: int, **overrides):
 def test_validation_changes_no_loss_and_is_recorded(tmp_path, env, standins, monkeypatch) -> None:
     boards = []
     monkeypatch.setattr(
-        "gr00t_train._metrics._tensorboard_writer", lambda path: boards.append(_Board()) or boards[-1]
+        "gr00t_train.metrics.records._tensorboard_writer", lambda path: boards.append(_Board()) or boards[-1]
     )
     _, _, plain = _fit(standins, env, tmp_path / "a", every=0)
     trainer, summary, parts = _fit(standins, env, tmp_path / "b", every=3, logging__plots="true")

@@ -1,6 +1,6 @@
 """The ablation ladder's LeRobot-style baseline (`optimizations.data=dataloader`: a torch DataLoader with
 workers over single samples) prepares images with the very transform vla-io's pipeline runs
-(`_data.image_transform`), on the CPU in its workers: with augmentation off both feed the model the same
+(`data.dataset.image_transform`), on the CPU in its workers: with augmentation off both feed the model the same
 pixels; with it on, the draws are a function of the run's seed, the epoch and the sample, so a resumed
 baseline continues as the uninterrupted one."""
 
@@ -12,8 +12,8 @@ import gr00t_model
 import gr00t_train
 import pytest
 import torch
-from gr00t_train import _data
 from gr00t_train._baselines import LeRobotStyleSource
+from gr00t_train.data import dataset as _data
 
 BATCH = 4
 

@@ -14,7 +14,7 @@ BASE = ("steps=3", "precision=bf16", "optimizations.comm=zero1_overlap", "optimi
 
 def _train(dataset, out, train_args, *sets: str, round_init: bool) -> tuple[list[float], dict]:
     import gr00t_train
-    from gr00t_train._build import build_parts
+    from gr00t_train.model.build import build_parts
 
     cfg = gr00t_train.load_config(preset="demo", overrides=train_args(dataset, out, *BASE, *sets)[4::2])
     env = gr00t_train.init_distributed("cpu")
@@ -39,7 +39,7 @@ def _train(dataset, out, train_args, *sets: str, round_init: bool) -> tuple[list
 def trainer_records(out):
     import json
 
-    from gr00t_train._metrics import StepRecord
+    from gr00t_train.metrics.records import StepRecord
 
     return [StepRecord(**json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -74,7 +74,7 @@ def test_skipping_untouched_embodiment_rows_follows_the_stepped_trajectory(
     would have added zeros)."""
     import gr00t_train
     from gr00t_train import _comm
-    from gr00t_train._build import build_parts
+    from gr00t_train.model.build import build_parts
 
     monkeypatch.setattr(_comm, "_flat_kernel", lambda opts, env: "torch")
     sets = ("optimizations.bf16_weights=true", "optimizations.grouped_embodiment_gemms=on")
@@ -113,7 +113,7 @@ def test_merged_dit_linears_train_as_the_release_form_and_save_its_names(
     release's names."""
     import gr00t_train
     from gr00t_train import _comm
-    from gr00t_train._build import build_parts
+    from gr00t_train.model.build import build_parts
 
     monkeypatch.setattr(_comm, "_flat_kernel", lambda opts, env: "torch")
     results = {}

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 def _run(dataset, tmp_path, train_args, *sets, dropout: bool = True, before_fit=None):
     """Train the demo preset on the GPU with `sets`; `before_fit(parts)` sees the parts before training."""
     import gr00t_train
-    from gr00t_train._build import build_parts
+    from gr00t_train.model.build import build_parts
 
     cfg = gr00t_train.load_config(
         preset="demo", overrides=[*train_args(dataset, tmp_path, *sets)[4::2], "device=cuda"]

@@ -48,7 +48,7 @@ def test_export_merges_the_adapters_or_writes_them_alone(dataset, tmp_path, trai
     assert main(["export", str(final), str(tmp_path / "merged")]) == 0
     assert main(["export", str(final), str(tmp_path / "adapters"), "--lora-only"]) == 0
 
-    from gr00t_train._restore import load_pretrained
+    from gr00t_train.checkpoint.restore import load_pretrained
 
     adapted, _ = load_pretrained(final)  # the trained model, adapters on
     merged = gr00t_model.from_pretrained(tmp_path / "merged", strict=True)

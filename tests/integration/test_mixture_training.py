@@ -17,8 +17,10 @@ import gr00t_train
 import numpy as np
 import pytest
 import torch
-from gr00t_train import _data, _gr00t, _mixture_data
+from gr00t_train import _gr00t
 from gr00t_train.cli import main
+from gr00t_train.data import dataset as _data
+from gr00t_train.data import mixture_data as _mixture_data
 
 SLOTS = {
     "libero_panda": gr00t_model.EMBODIMENT_TAGS["libero_panda"],
@@ -153,7 +155,7 @@ def test_mixed_batches_train_every_embodiments_projector_slot(tmp_path, roots) -
 
 
 def _build(cfg, env):
-    from gr00t_train._build import build_parts
+    from gr00t_train.model.build import build_parts
 
     return build_parts(cfg, env)
 
@@ -208,7 +210,7 @@ def test_a_mixture_trains_on_the_gpu_through_the_grouped_gemms(tmp_path, roots) 
     """The default fast path on CUDA (grouped embodiment GEMMs, graphs, the device image step per dataset for
     cameras of other sizes): losses finite, and of the projector tables only the two embodiments' rows move
     (weight decay 0 in the demo preset: an untouched row stays as it was, bit for bit)."""
-    from gr00t_train._build import build_parts
+    from gr00t_train.model.build import build_parts
 
     cfg = gr00t_train.load_config(
         _config_file(tmp_path, roots),

@@ -22,7 +22,7 @@ import gr00t_model
 import pytest
 import torch
 from _launch_job import descendants
-from gr00t_train._restore import load_pretrained
+from gr00t_train.checkpoint.restore import load_pretrained
 from gr00t_train.cli import main
 
 STEPS, EVERY = 16, 4  # killed at the first checkpoint: 12 steps left to interrupt
@@ -117,7 +117,7 @@ def test_augmentation_draws_follow_seed_rank_and_position(dataset) -> None:
     import gr00t_train
     import numpy as np
     import vla_io
-    from gr00t_train import _data
+    from gr00t_train.data import dataset as _data
 
     def first_batch(seed: int, rank: int, world: int):
         cfg = gr00t_train.load_config(preset="demo", overrides=[f"data.dataset={dataset}", f"seed={seed}",

@@ -10,7 +10,7 @@ import gr00t_model
 import gr00t_train._gr00t
 import pytest
 import torch
-from gr00t_train._restore import load_pretrained
+from gr00t_train.checkpoint.restore import load_pretrained
 from gr00t_train.cli import main
 from safetensors import safe_open
 

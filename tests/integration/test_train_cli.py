@@ -9,7 +9,7 @@ import json
 import gr00t_model
 import pytest
 import torch
-from gr00t_train._restore import load_pretrained
+from gr00t_train.checkpoint.restore import load_pretrained
 from gr00t_train.cli import main
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import gr00t_train
 from gr00t_train import _comm
-from gr00t_train._build import build_parts
+from gr00t_train.model.build import build_parts
 
 _comm._flat_kernel = lambda opts, env: "torch"  # the flat step's torch arithmetic (its Triton kernel needs CUDA)
 torch.set_num_threads(1)

@@ -10,13 +10,14 @@ import math
 import gr00t_model
 import pytest
 import torch
-from gr00t_train import _data, load_config
+from gr00t_train import load_config
 from gr00t_train._baselines import LeRobotStyleSource
 from gr00t_train._components.data import build_source
-from gr00t_train._components.metrics import read_validation
 from gr00t_train._distributed import DistEnv
 from gr00t_train._parts import episode_ids
 from gr00t_train.cli import main
+from gr00t_train.data import dataset as _data
+from gr00t_train.metrics.component import read_validation
 
 GROUPS = {"eef_delta_pos", "eef_delta_rot", "gripper"}
 
@@ -89,7 +90,7 @@ def test_a_split_that_leaves_nothing_to_train_stops_before_the_model(dataset, tm
 
 def test_a_fraction_of_few_episodes_says_no_validation_runs(dataset, caplog) -> None:
     cfg = load_config(preset="demo", overrides=[f"data.dataset={dataset}"])  # data.val_episodes=0.05 of 3
-    with caplog.at_level(logging.INFO, logger="gr00t_train._data"):
+    with caplog.at_level(logging.INFO, logger="gr00t_train.data.dataset"):
         split = _data.plan_split(cfg, _data.plan_data(cfg))
     assert split.held_out == [] and split.train == [0, 1, 2]
     assert "rounds down to 0" in caplog.text and "--set data.val_episodes=1" in caplog.text

@@ -22,7 +22,7 @@ _EXPORTS = {
     "ModelConfig": "._config",
     "OptimConfig": "._config",
     "OptimizationsConfig": "._config",
-    "PrefixCacheConfig": "._prefix_cache_config",
+    "PrefixCacheConfig": ".prefix_cache.config",
     "TrainConfig": "._config",
     "apply_overrides": "._config_io",
     "config_from_dict": "._config_io",
@@ -39,15 +39,15 @@ _EXPORTS = {
     "NonFiniteWeightsError": "._errors",
     "RunFolderError": "._errors",
     "TrainingInterrupted": "._errors",
-    "EvalReport": "._infer",
-    "evaluate": "._infer",
-    "RunSummary": "._metrics",
-    "StepRecord": "._metrics",
+    "EvalReport": ".validation.infer",
+    "evaluate": ".validation.infer",
+    "RunSummary": ".metrics.records",
+    "StepRecord": ".metrics.records",
     "BatchSource": "._parts",
     "TrainParts": "._parts",
-    "PRESETS": "._presets",
-    "demo_config": "._presets",
-    "libero_config": "._presets",
+    "PRESETS": ".config.presets",
+    "demo_config": ".config.presets",
+    "libero_config": ".config.presets",
     "run_training": "._run",
     "CosineSchedule": "._schedule",
     "Trainer": "._trainer",
@@ -141,11 +141,11 @@ if TYPE_CHECKING:
         RunFolderError,
         TrainingInterrupted,
     )
-    from ._infer import EvalReport, evaluate
-    from ._metrics import RunSummary, StepRecord
     from ._parts import BatchSource, TrainParts
-    from ._prefix_cache_config import PrefixCacheConfig
-    from ._presets import PRESETS, demo_config, libero_config
     from ._run import run_training
     from ._schedule import CosineSchedule
     from ._trainer import Trainer
+    from .config.presets import PRESETS, demo_config, libero_config
+    from .metrics.records import RunSummary, StepRecord
+    from .prefix_cache.config import PrefixCacheConfig
+    from .validation.infer import EvalReport, evaluate

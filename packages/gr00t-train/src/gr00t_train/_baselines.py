@@ -165,7 +165,7 @@ class _Collate:
     normalized pixel values."""
 
     def __init__(self, data, processor, augment: bool) -> None:
-        from ._data import KEEP_KEYS, host_transform, image_transform
+        from .data.dataset import KEEP_KEYS, host_transform, image_transform
 
         self.transform, self.keep = host_transform(data, processor), KEEP_KEYS
         self.images = image_transform(processor, len(data.camera_keys), augment=augment, backend="torch")

@@ -152,9 +152,9 @@ def run_ladder(
 
 def _run_row(name: str, cfg: TrainConfig, env, steps: int, warmup: int, last: bool) -> dict[str, Any]:
     """Train one row; with `last`, three more steps recorded by the profiler after the measured ones."""
-    from ._build import build_parts
     from ._run import share_cpu_cores
     from ._trainer import Trainer
+    from .model.build import build_parts
 
     if last:
         cfg = apply_overrides(cfg, [f"steps={warmup + steps + 3}"])
@@ -168,14 +168,14 @@ def _run_row(name: str, cfg: TrainConfig, env, steps: int, warmup: int, last: bo
     trainer = Trainer(cfg, parts, env)
     kernels = None
     if last:
-        from ._profile import profile_steps
+        from .metrics.profile import profile_steps
 
         _, kernels = profile_steps(trainer, skip=warmup + steps, active=3)
     if kernels is None:
         summary = trainer.fit()
     else:  # the throughput of the measured steps only, not of the profiled ones after them
-        from ._components.metrics import read_history
-        from ._metrics import summarize
+        from .metrics.component import read_history
+        from .metrics.records import summarize
 
         history = read_history(Path(cfg.output_dir) / "metrics.jsonl")[: warmup + steps]
         summary = summarize(history, warmup, trainer.throughput)

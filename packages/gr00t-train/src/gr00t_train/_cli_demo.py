@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ._config_io import apply_overrides
-from ._presets import demo_config
+from .config.presets import demo_config
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,8 @@ def ensure_dataset(path: Path) -> bool:
 
 def run_demo(out: Path, dataset: Path | None, overrides: list[str]) -> int:
     """Train, checkpoint and evaluate; prints what it does and where the files are."""
-    from ._infer import evaluate
     from ._run import run_training
+    from .validation.infer import evaluate
 
     start = time.perf_counter()
     data_dir = dataset or out / "dataset"

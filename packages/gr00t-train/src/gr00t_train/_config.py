@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ._config_types import Section as _Section
-from ._config_types import require
 from ._mixture import MixtureEntry, check_mixture
 from ._optimizations import OptimizationsConfig
-from ._prefix_cache_config import PrefixCacheConfig
+from .config.types import Section as _Section
+from .config.types import require
+from .prefix_cache.config import PrefixCacheConfig
 
 
 @dataclass(kw_only=True)
@@ -70,7 +70,7 @@ class DataConfig(_Section):
     fraction in (0, 1) of the dataset's episodes, rounded down; 0 = none. The held-out episodes are spread
     evenly over the dataset's episode order (deterministic: the same for every run of the dataset)."""
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
-    """Train from stored features of the frozen prefix instead of video (`_prefix_cache_config.py`)."""
+    """Train from stored features of the frozen prefix instead of video (`prefix_cache/config.py`)."""
 
     def _check(self) -> None:
         check_mixture(self)

@@ -16,8 +16,8 @@ from gr00t_model import GR00TN16, GR00TConfig
 from ._config import TrainConfig
 from ._errors import ConfigError
 from ._optimizations import resolve_optimizations
-from ._restore import BaseError, load_pretrained
 from ._weights import BaseWeights
+from .checkpoint.restore import BaseError, load_pretrained
 
 log = logging.getLogger(__name__)
 _BASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

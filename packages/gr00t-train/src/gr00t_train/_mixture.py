@@ -1,7 +1,7 @@
 """`data.mixture`: training on several LeRobot datasets at once, each with its weight, cameras, embodiment
 and joint groups. This module owns the setting (`MixtureEntry`), its rules against the single-dataset keys,
 each member's view of the run's config (the single-dataset settings it stands for), and the fingerprint a
-checkpoint records of all members. The data side is `_mixture_data`."""
+checkpoint records of all members. The data side is `data.mixture_data`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._config_types import Section, require
 from ._errors import ConfigError, DataError
+from .config.types import Section, require
 
 PER_DATASET = ("dataset", "cameras", "state_keys", "action_keys", "modality_file", "embodiment_tag")
 """The data settings one mixture entry gives per dataset (data.<key> must stay unset with data.mixture)."""
@@ -84,7 +84,7 @@ def check_mixture(data: Any) -> None:
 
 
 def member_config(cfg: Any, index: int) -> Any:
-    """The run's config as the single-dataset run of entry `index` would have it (what `_data` reads)."""
+    """The run's config as the single-dataset run of entry `index` would have it (what `data.dataset` reads)."""
     entry = cfg.data.mixture[index]
     per = {key: getattr(entry, key) for key in PER_DATASET}
     data = dataclasses.replace(cfg.data, mixture=None, **per)

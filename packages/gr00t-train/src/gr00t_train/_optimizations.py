@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
-from ._config_types import Section, require
+from .config.types import Section, require
 
 if TYPE_CHECKING:
     from ._config import TrainConfig

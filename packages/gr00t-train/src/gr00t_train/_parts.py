@@ -1,4 +1,4 @@
-"""The small interfaces the training loop runs against. The builder (`_build`) fills them from the
+"""The small interfaces the training loop runs against. The builder (`model.build`) fills them from the
 sibling packages; tests fill them with tiny stand-ins."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from ._validation import HeldOut
     from ._weights import BaseWeights
+    from .validation.held_out import HeldOut
 
 Batch = dict[str, Any]
 """A training batch: tensors on the training device, plus `episode_index` for error messages."""
@@ -82,7 +82,7 @@ class TrainParts:
     (optimizations.skip_untouched_rows)."""
     validation: HeldOut | None = None
     """The held-out samples and how the model predicts them, scored every `eval.every` steps and after the
-    last (`_components/validation.py`); None = no validation."""
+    last (`validation/component.py`); None = no validation."""
     base: BaseWeights | None = None
     """Where the model's frozen weights were loaded from (model.checkpoint) and which state-dict keys that
     folder provided: checkpoints record it by path and hash instead of writing those tensors (`_weights.py`).

@@ -35,7 +35,7 @@ LAYOUT = {
     "optimizations.comm": "ZeRO-1 (comm=zero1_overlap) keeps its optimizer state in a format of its own"
 }
 """Settings whose change the checkpoint's optimizer state cannot follow, with the reason. (The DiT's merged
-linears are checked from the checkpoint's model config, which records what ran: `_resume_checks`.)"""
+linears are checked from the checkpoint's model config, which records what ran: `checkpoint.resume_checks`.)"""
 LEGACY = {"data.val_episodes": 0}
 """Settings checkpoints did not record before they existed, and the value that reproduces those runs."""
 _MODEL_DEFAULTS = ("action_horizon", "tune_llm", "tune_visual", "tune_top_llm_layers")

@@ -17,12 +17,12 @@ from ._config import TrainConfig
 from ._distributed import DistEnv, init_distributed, shutdown_distributed
 from ._errors import DataError, PeerLostError, TrainingInterrupted
 from ._memory_budget import apply_memory_cap, plan_for_budget
-from ._metrics import RunSummary
 from ._optimizations import resolve_optimizations
 from ._peers import Lost, PeerWatch, looks_like_lost_peer, one_line, store_endpoint
-from ._run_folder import claim_run
-from ._startup import clock as startup_clock
 from ._trainer import Trainer
+from .metrics.records import RunSummary
+from .metrics.startup import clock as startup_clock
+from .run_folder.folder import claim_run
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class _Progress:
 
 def run_training(cfg: TrainConfig) -> RunSummary | None:
     """Train as `cfg` says (under torchrun: one process per GPU); returns the summary on rank 0."""
-    from ._build import build_parts
+    from .model.build import build_parts
 
     started = time.perf_counter()  # start-up (to the end of the first step) is counted from here
     startup_clock.start(started)  # the phases of start-up (_startup): one line and summary.json
@@ -93,7 +93,7 @@ def _fit(trainer: Trainer, cfg: TrainConfig, rank: int) -> RunSummary:
     """trainer.fit(), under torch.profiler when `logging.profile_steps` asks (its files beside the metrics)."""
     if cfg.logging.profile_steps == 0:
         return trainer.fit()
-    from ._profile import profile_steps
+    from .metrics.profile import profile_steps
 
     out = Path(cfg.output_dir)
     summary, kernels = profile_steps(

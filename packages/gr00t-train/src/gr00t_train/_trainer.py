@@ -1,7 +1,7 @@
 """The Trainer: the training loop and the training step, in one place. Start reading here.
 
 `Trainer(cfg, parts, env)` builds its components from the run's TrainParts (model, loss, batch source; GR00T's
-come from `_build.build_parts`, tests use tiny stand-ins), one module each under `_components/`:
+come from `model.build.build_parts`, tests use tiny stand-ins), one module each under `_components/`:
 
     data        DataComponent        a step's microbatches from the BatchSource
     model       ModelComponent       compiled blocks, data-parallel wrapper + AdamW + gradient-sync plan
@@ -28,21 +28,21 @@ import torch
 from ._backends import BackendSwitches
 from ._components.checkpoint import CheckpointComponent
 from ._components.data import DataComponent
-from ._components.metrics import MetricsComponent
 from ._components.model import ModelComponent
-from ._components.validation import ValidationComponent
 from ._config import TrainConfig
 from ._config_io import write_config_json
 from ._distributed import DistEnv
 from ._errors import BatchTooLargeError, ConfigError, TrainingInterrupted
-from ._metrics import RunSummary
 from ._optimizations import resolve_optimizations
 from ._parts import Batch, TrainParts
 from ._rng import seed_everything
 from ._run_checks import RunChecks
-from ._run_folder import RunClaim, claim_run
-from ._startup import clock as startup_clock
-from ._timing import StepTimer
+from .metrics.component import MetricsComponent
+from .metrics.records import RunSummary
+from .metrics.startup import clock as startup_clock
+from .metrics.timing import StepTimer
+from .run_folder.folder import RunClaim, claim_run
+from .validation.component import ValidationComponent
 
 
 def deterministic_cpu_kernels(device: torch.device) -> Callable[[], None]:
@@ -298,7 +298,7 @@ class Trainer:
 
     @property
     def throughput(self):
-        """How step times become samples/s, tokens/s and MFU (`_metrics.Throughput`)."""
+        """How step times become samples/s, tokens/s and MFU (`metrics.records.Throughput`)."""
         return self.metrics.throughput
 
     @property

@@ -78,7 +78,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from ._infer import evaluate
+    from .validation.infer import evaluate
 
     report = evaluate(
         args.checkpoint, args.dataset, batches=args.batches, batch_size=args.batch_size, device=args.device
@@ -91,7 +91,7 @@ def _infer(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ._export import export
+    from .checkpoint.export import export
 
     out = export(args.checkpoint, args.out, lora_only=args.lora_only)
     if args.lora_only:
@@ -126,8 +126,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from ._config_docs import commented_yaml
     from ._config_io import config_to_dict
+    from .config.docs import commented_yaml
 
     cfg = _resolve(args)
     if args.format == "json":

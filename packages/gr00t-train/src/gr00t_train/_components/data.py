@@ -1,6 +1,6 @@
 """The data component: where a run's batches come from and how a step takes them.
 
-`build_source` turns an opened dataset (`_data.open_dataset`) and the model's processor into the BatchSource
+`build_source` turns an opened dataset (`data.dataset.open_dataset`) and the model's processor into the BatchSource
 that `optimizations.data` names: vla-io's Pipeline (`async`: worker processes decode, a host thread runs the
 processor, a copy stream moves batches to the device, where images are prepared; `sync`: the same in the
 training thread) or the LeRobot-style baseline of the ablation ladder (`dataloader`, `_baselines.py`).
@@ -14,12 +14,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .. import _data
 from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._errors import DataError
 from .._parts import Batch, BatchSource
-from .._timing import StepTimer
+from ..data import dataset as _data
+from ..metrics.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,9 @@ def build_source(
     cfg: TrainConfig, env: DistEnv, data, processor, check_first: Callable[[Batch], None] | None = None,
     **mixture: Any,
 ) -> BatchSource:  # fmt: skip
-    """The BatchSource of `optimizations.data` over `data` (a `_data.TrainingData`), with `processor` (the
+    """The BatchSource of `optimizations.data` over `data` (a `data.dataset.TrainingData`), with `processor` (the
     model's) turning samples into model inputs; `check_first` sees the first batch. A mixture
-    (`_mixture_build`) passes its own `dataset`, host `transform` and `wrap_images` (around the image step)."""
+    (`model.build_mixture`) passes its own `dataset`, host `transform` and `wrap_images` (around the image step)."""
     if cfg.optimizations.data == "dataloader":  # the ablation ladder's first row
         from .._baselines import LeRobotStyleSource
 

@@ -23,7 +23,7 @@ from .._distributed import DistEnv
 from .._errors import ConfigError
 from .._parts import Batch, TrainParts
 from .._schedule import CosineSchedule
-from .._timing import StepTimer
+from ..metrics.timing import StepTimer
 
 log = logging.getLogger(__name__)
 Phase = Callable[[str], AbstractContextManager]

@@ -3,7 +3,7 @@
 Each step's loss, gradient norm and phase times stay on the device (`add_step`); every `logging.every` steps
 (and before a checkpoint or a stop) `flush` syncs the host once for the whole window: the loss averaged over
 ranks, a non-finite loss named with the samples that hold NaN/inf, and one StepRecord per step written to
-metrics.jsonl, TensorBoard and the progress bar (`MetricsLogger`, `_metrics.py`). Validations (`validation.py`)
+metrics.jsonl, TensorBoard and the progress bar (`MetricsLogger`, `metrics/records.py`). Validations (`validation.py`)
 are recorded beside them (`add_validation`). At the end, the summary, summary.json and the plots."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._errors import NonFiniteLossError
-from .._metrics import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
 from .._parts import Batch, TrainParts, episode_ids
 from .._run_checks import SampleTags, describe_nonfinite, tag_samples
-from .._timing import StepTimer, StepTimes
+from .records import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
+from .timing import StepTimer, StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class MetricsComponent:
         }
         (self.out_dir / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
         if self.cfg.logging.plots:
-            from .._plots import write_plots
+            from .plots import write_plots
 
             metrics = self.out_dir / "metrics.jsonl"
             write_plots(read_history(metrics), summary, self.out_dir, validation=read_validation(metrics))
@@ -199,7 +199,7 @@ def _rows(path: Path, kind: str | None) -> list[dict[str, Any]]:
 
 
 def _floats(row: dict[str, Any]) -> dict[str, Any]:
-    # NaN/inf were written as strings (`_metrics._finite`); `kind` is the one string field
+    # NaN/inf were written as strings (`metrics.records._finite`); `kind` is the one string field
     return {
         k: _floats(v) if isinstance(v, dict) else float(v) if isinstance(v, str) and k != "kind" else v
         for k, v in row.items()

@@ -1,10 +1,10 @@
 """The data side of a `data.mixture` run: every member opened as its own single-dataset run would open it
-(`_data`: features, joint groups, statistics, held-out split, embodiment spec, processor), then put behind
+(`data.dataset`: features, joint groups, statistics, held-out split, embodiment spec, processor), then put behind
 one vla_io.MixtureDataset.
 
 Where the work happens:
 - L1 (the pipeline's workers): a member's samples go through that member's processor (its own statistics
-  and embodiment slot: `_data.host_transform`), so every member arrives in the model's layout (state and
+  and embodiment slot: `data.dataset.host_transform`), so every member arrives in the model's layout (state and
   action padded to the model's max dims, prompts padded to one length for all members, `embodiment_id` per
   sample). Cameras keep their size; a camera slot whose members' frames differ in size is zero-padded to the
   largest (a canvas), with each member's own size remembered.
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _data
-from ._errors import ConfigError, DataError
-from ._mixture import MixtureEntry, member_config, member_error
+from .._errors import ConfigError, DataError
+from .._mixture import MixtureEntry, member_config, member_error
+from . import dataset as _data
 
 log = logging.getLogger(__name__)
 ROWS_KEY = "mixture_rows"
@@ -243,8 +243,8 @@ class MixtureImages:
 def save_mixture_meta(module: torch.nn.Module, folder: Path, mix: MixtureData) -> None:
     """The model, and beside it every member's modality.json, stats.json and split.json (what it normalized
     with and held out) and the members list."""
-    from ._build import DATASET_META
-    from ._gr00t import save_model
+    from .._gr00t import save_model
+    from ..model.build import DATASET_META
 
     save_model(module, folder)
     for name, content in mix.dataset_meta().items():

@@ -10,7 +10,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ._config_types import field_types
+from .types import field_types
 
 WIDTH = 110
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from . import _data
-from ._config import TrainConfig
-from ._errors import DataError
-from ._prefix_cache_store import FeatureStore, quantize
+from .._config import TrainConfig
+from .._errors import DataError
+from ..data import dataset as _data
+from .store import FeatureStore, quantize
 
 log = logging.getLogger(__name__)
 

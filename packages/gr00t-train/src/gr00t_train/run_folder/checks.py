@@ -8,9 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from ._config import TrainConfig
-from ._errors import ConfigError, RunFolderError
-from ._folder_lock import held_below, live_holder
+from .._config import TrainConfig
+from .._errors import ConfigError, RunFolderError
+from .lock import held_below, live_holder
 
 
 def refuse_dataset_folder(cfg: TrainConfig, folders: list[tuple[Path, str]]) -> None:

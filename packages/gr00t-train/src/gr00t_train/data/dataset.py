@@ -16,10 +16,10 @@ import gr00t_model
 import numpy as np
 import torch
 
-from ._config import TrainConfig
-from ._errors import ConfigError, DataError
-from ._features import FeatureMap, map_features
-from ._validation import EpisodeSplit, describe_split, split_episodes
+from .._config import TrainConfig
+from .._errors import ConfigError, DataError
+from ..validation.held_out import EpisodeSplit, describe_split, split_episodes
+from .features import FeatureMap, map_features
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._config_types import Section, require
+from ..config.types import Section, require
 
 
 @dataclass(kw_only=True)

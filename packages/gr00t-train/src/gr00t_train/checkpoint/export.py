@@ -1,7 +1,7 @@
 """`gr00t-train export CHECKPOINT OUT`: a checkpoint as a complete model folder, for inference or sharing.
 
 A checkpoint holds only what training changed (`_weights.py`); the export is the whole model, rebuilt from
-its base, the tensors it wrote and the optimizer's fp32 masters (`_restore.py`), written by
+its base, the tensors it wrote and the optimizer's fp32 masters (`checkpoint/restore.py`), written by
 `gr00t_model.save_pretrained` in the dtypes the run trained with, so `gr00t_model.from_pretrained(OUT)` loads
 it alone. Beside it: dataset_meta/ (the statistics and joint groups to normalize with) and train_config.json
 (the tokenizer and data settings `gr00t-train infer` reads), export.json naming the source, and a manifest.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import gr00t_model
 
-from ._build import DATASET_META
-from ._checkpoint import TRAIN_CONFIG, TRAINER_STATE
-from ._errors import DataError
-from ._manifest import write_manifest
-from ._restore import BaseError, load_pretrained
+from .._checkpoint import TRAIN_CONFIG, TRAINER_STATE
+from .._errors import DataError
+from .._manifest import write_manifest
+from ..model.build import DATASET_META
+from .restore import BaseError, load_pretrained
 
 log = logging.getLogger(__name__)
 EXPORTED = "export.json"
@@ -32,7 +32,7 @@ def export(checkpoint: str | Path, out: str | Path, *, lora_only: bool = False) 
     """Write the model of `checkpoint` (a checkpoint folder, or the newest intact one in a folder of them)
     into `out`, which must not exist yet (or be empty); returns `out`. LoRA adapters are merged into the
     weights; with `lora_only`, only the adapters are written (gr00t_model.save_lora)."""
-    from ._infer import find_checkpoint
+    from ..validation.infer import find_checkpoint
 
     folder = find_checkpoint(checkpoint)
     out = Path(out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._config import (
+from .._config import (
     CheckpointConfig,
     DataConfig,
     LoggingConfig,
@@ -13,7 +13,7 @@ from ._config import (
     OptimizationsConfig,
     TrainConfig,
 )
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 
 def demo_config() -> TrainConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._metrics import RunSummary, StepRecord
+from .records import RunSummary, StepRecord
 
 
 def write_plots(

@@ -1,4 +1,4 @@
-"""Training batches read from a prefix cache (`_prefix_cache_store.FeatureStore`) instead of decoded video.
+"""Training batches read from a prefix cache (`prefix_cache.store.FeatureStore`) instead of decoded video.
 
 The sample order is vla-io's `EpochSampler` with the settings the video pipeline uses (seed, shuffle, rank,
 world size, whole batches), so a cached run sees the samples an uncached run sees, in the same order. Epoch e
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._prefix_cache_store import FeatureStore
+from .store import FeatureStore
 
 PER_VARIANT = ("hidden", "scale")
 """Arrays with one entry per augmentation variant; the others hold one per sample."""

@@ -3,7 +3,7 @@
 POSIX record locks (`fcntl.lockf`): the kernel drops them when the holder dies (kill -9 included), and,
 unlike `flock`, forked children (data workers) do not inherit them, so a dead run's orphaned workers can
 never keep its folder locked. A process must open the lock file only once: closing any descriptor of it
-would drop the lock, which is why run claims are re-entrant (see `_run_folder`).
+would drop the lock, which is why run claims are re-entrant (see `run_folder.folder`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from ._errors import RunFolderError
+from .._errors import RunFolderError
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".gr00t-train.lock"

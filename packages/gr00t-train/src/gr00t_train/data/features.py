@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import DataError
+from .._errors import DataError
 
 DEFAULT_FEATURE = {"state": "observation.state", "action": "action"}
 LEROBOT_INDEX_COLUMNS = {"timestamp", "frame_index", "episode_index", "index", "task_index"}

@@ -1,5 +1,5 @@
 """Open-loop evaluation of a checkpoint: predicted action chunks against the recorded ones, per joint group,
-next to predicting the mean action (the scores are `_validation.py`'s, as in training's validation)."""
+next to predicting the mean action (the scores are `validation/held_out.py`'s, as in training's validation)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from pathlib import Path
 import gr00t_model
 import torch
 
-from . import _data
-from ._build import DATASET_META
-from ._checkpoint import _STEP_DIR, TRAIN_CONFIG, Checkpointer, verify_checkpoint
-from ._config import TrainConfig
-from ._config_io import config_from_dict, read_config_file
-from ._distributed import resolve_device
-from ._errors import DataError
-from ._export import is_export
-from ._manifest import check_manifest
-from ._mixture import member_of
-from ._restore import BaseError, load_pretrained
-from ._validation import ActionErrors, action_columns, mean_action
+from .._checkpoint import _STEP_DIR, TRAIN_CONFIG, Checkpointer, verify_checkpoint
+from .._config import TrainConfig
+from .._config_io import config_from_dict, read_config_file
+from .._distributed import resolve_device
+from .._errors import DataError
+from .._manifest import check_manifest
+from .._mixture import member_of
+from ..checkpoint.export import is_export
+from ..checkpoint.restore import BaseError, load_pretrained
+from ..data import dataset as _data
+from ..model.build import DATASET_META
+from .held_out import ActionErrors, action_columns, mean_action
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class EvalReport:
     """Mean squared error of predicted vs recorded actions per action group, in dataset units and on the
-    normalized scale, next to the baseline of predicting the training set's mean action (`_validation.py`)."""
+    normalized scale, next to the baseline of predicting the training set's mean action (`validation/held_out.py`)."""
 
     checkpoint: str
     dataset: str
@@ -118,7 +118,7 @@ def evaluate(
         meta_dir = meta_dir / member
     cfg.data.dataset = str(dataset)
     dev = resolve_device(device)
-    try:  # a checkpoint's base and optimizer masters resolved (`_restore.py`)
+    try:  # a checkpoint's base and optimizer masters resolved (`checkpoint/restore.py`)
         model = load_pretrained(folder, device=dev)[0].eval()
     except BaseError as err:
         raise DataError(f"--checkpoint: {err}") from None

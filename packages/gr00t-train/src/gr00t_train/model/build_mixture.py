@@ -1,5 +1,5 @@
-"""TrainParts of a `data.mixture` run: `_build.build_parts`'s steps with every member opened as its own
-dataset (`_mixture_data`), one processor per member, and one pipeline over the mixture."""
+"""TrainParts of a `data.mixture` run: `model.build.build_parts`'s steps with every member opened as its own
+dataset (`data.mixture_data`), one processor per member, and one pipeline over the mixture."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import logging
 
 import gr00t_model
 
-from . import _gr00t, _mixture_data, _validation
-from ._build import model_parts
-from ._components.data import build_source
-from ._config import TrainConfig
-from ._distributed import DistEnv
-from ._mixture import member_config
-from ._parts import TrainParts
+from .. import _gr00t
+from .._components.data import build_source
+from .._config import TrainConfig
+from .._distributed import DistEnv
+from .._mixture import member_config
+from .._parts import TrainParts
+from ..data import mixture_data as _mixture_data
+from ..validation import held_out as _validation
+from .build import model_parts
 
 log = logging.getLogger(__name__)
 

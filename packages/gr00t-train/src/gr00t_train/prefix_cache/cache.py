@@ -2,8 +2,8 @@
 
 When the vision tower, connector, token embeddings and the lower LLM layers are frozen, their output for a
 sample never changes while training (only its random augmentation does). The cache computes it once per
-training sample and augmentation variant (`_prefix_cache_build`), keeps it in host memory or on disk
-(`_prefix_cache_store`), and training reads it (`_prefix_cache_source`) and runs only the trainable part:
+training sample and augmentation variant (`prefix_cache.build`), keeps it in host memory or on disk
+(`prefix_cache.store`), and training reads it (`prefix_cache.source`) and runs only the trainable part:
 the top LLM layers, vlln and the action head (`GR00TN16.forward_from_prefix`). The step itself is the same
 (CUDA graphs, compiled blocks, the optimizer's side stream); only the batches and the loss's prefix change.
 
@@ -28,17 +28,17 @@ from typing import Any
 import gr00t_model
 import torch
 
-from . import _gr00t
-from ._config import TrainConfig
-from ._dataset_fingerprint import fingerprint as dataset_fingerprint
-from ._distributed import DistEnv
-from ._errors import ConfigError
-from ._folder_checks import refuse_dataset_folder
-from ._optimizations import resolve_optimizations
-from ._parts import TrainParts
-from ._prefix_cache_build import build_store
-from ._prefix_cache_source import CachedSource
-from ._prefix_cache_store import FeatureStore, dequantize, remove_abandoned
+from .. import _gr00t
+from .._config import TrainConfig
+from .._dataset_fingerprint import fingerprint as dataset_fingerprint
+from .._distributed import DistEnv
+from .._errors import ConfigError
+from .._optimizations import resolve_optimizations
+from .._parts import TrainParts
+from ..run_folder.checks import refuse_dataset_folder
+from .build import build_store
+from .source import CachedSource
+from .store import FeatureStore, dequantize, remove_abandoned
 
 log = logging.getLogger(__name__)
 

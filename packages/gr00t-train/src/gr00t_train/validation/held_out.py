@@ -1,7 +1,7 @@
 """Open-loop validation's data and numbers: which episodes are held out of training, the held-out samples a
 run scores, and how predicted action chunks score against the recorded ones next to predicting the mean
-action. The one owner of those numbers for the training loop (`_components/validation.py`) and for
-`gr00t-train infer` (`_infer.py`).
+action. The one owner of those numbers for the training loop (`validation/component.py`) and for
+`gr00t-train infer` (`validation/infer.py`).
 
 Scores are mean squared errors per action joint group and overall, over the real entries of the chunks
 (steps past an episode's end and the padded action dims are left out, as the loss leaves them out), on the
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._errors import DataError
-from ._rng import rng_state, set_rng_state
+from .._errors import DataError
+from .._rng import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def load_held_out(cfg, env, data, processor, model) -> HeldOut | None:
     `eval.batches` batches; None without held-out episodes or with eval.every=0."""
     import vla_io
 
-    from ._data import KEEP_KEYS, host_transform, image_transform
+    from ..data.dataset import KEEP_KEYS, host_transform, image_transform
 
     split = data.split
     if split is None or not split.held_out or cfg.eval.every == 0:

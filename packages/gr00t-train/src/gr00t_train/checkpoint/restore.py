@@ -16,8 +16,8 @@ import gr00t_model
 import torch
 from gr00t_model import GR00TConfig
 
-from ._base import find_base
-from ._weights import read_record
+from .._base import find_base
+from .._weights import read_record
 
 
 class BaseError(ValueError):

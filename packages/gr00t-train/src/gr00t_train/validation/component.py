@@ -1,5 +1,5 @@
 """The validation component: open-loop action MSE on the held-out samples (`TrainParts.validation`) every
-`eval.every` steps and after the last step, next to predicting the mean action (`_validation.py` scores).
+`eval.every` steps and after the last step, next to predicting the mean action (`validation/held_out.py` scores).
 
 A validation leaves the training run as it found it: the same losses bit for bit with and without it. It
 reads its own preloaded samples (the training pipeline's order is untouched), draws its noise from its own
@@ -19,7 +19,7 @@ import torch
 from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._parts import TrainParts
-from .._validation import ActionErrors, isolated_rng, score_line
+from .held_out import ActionErrors, isolated_rng, score_line
 
 log = logging.getLogger(__name__)
 

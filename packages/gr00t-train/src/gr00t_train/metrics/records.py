@@ -1,5 +1,5 @@
 """Per-step metrics: a JSONL line per step, TensorBoard scalars when installed, a progress bar with loss,
-samples/s and ETA, and the end-of-run summary. Validations (`_components/validation.py`) add their own lines
+samples/s and ETA, and the end-of-run summary. Validations (`validation/component.py`) add their own lines
 to metrics.jsonl, told apart by `"kind": "val"` (step lines carry no `kind`), and `val/...` scalars."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._timing import PHASES
-from ._validation import score_line
+from ..validation.held_out import score_line
+from .timing import PHASES
 
 log = logging.getLogger(__name__)
 

@@ -17,19 +17,19 @@ from typing import Any
 
 import torch
 
-from ._base import find_base
-from ._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE
-from ._checkpoint_files import unreadable
-from ._config import TrainConfig
-from ._dataset_fingerprint import differences, fingerprint, meta_digest, read_fingerprint
-from ._distributed import device_type
-from ._errors import ConfigError
-from ._gr00t import merges_dit_linears
-from ._mixture import mixture_fingerprint
-from ._resize import check_resize
-from ._resume_changes import Change, config_changes, unknown_keys
-from ._schedule import CosineSchedule
-from ._weights import read_record
+from .._base import find_base
+from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE
+from .._checkpoint_files import unreadable
+from .._config import TrainConfig
+from .._dataset_fingerprint import differences, fingerprint, meta_digest, read_fingerprint
+from .._distributed import device_type
+from .._errors import ConfigError
+from .._gr00t import merges_dit_linears
+from .._mixture import mixture_fingerprint
+from .._resize import check_resize
+from .._resume_changes import Change, config_changes, unknown_keys
+from .._schedule import CosineSchedule
+from .._weights import read_record
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """GR00T's TrainParts: everything model- and data-specific of a run, built from the sibling packages (the
-dataset and processor from `_data`, the model, loss and random draws from `_gr00t`, the batch source from the
+dataset and processor from `data.dataset`, the model, loss and random draws from `_gr00t`, the batch source from the
 data component). The Trainer (`_trainer.py`) trains whatever TrainParts it is given."""
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from pathlib import Path
 import gr00t_model
 import torch
 
-from . import _data, _gr00t, _prefix_cache, _validation
-from ._components.data import build_source
-from ._config import TrainConfig
-from ._distributed import DistEnv
-from ._parts import TrainParts
-from ._startup import clock as startup_clock
+from .. import _gr00t
+from .._components.data import build_source
+from .._config import TrainConfig
+from .._distributed import DistEnv
+from .._parts import TrainParts
+from ..data import dataset as _data
+from ..metrics.startup import clock as startup_clock
+from ..prefix_cache import cache as _prefix_cache
+from ..validation import held_out as _validation
 
 log = logging.getLogger(__name__)
 DATASET_META = "dataset_meta"
@@ -29,9 +32,9 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     """Dataset -> vla_io Pipeline (GR00T processor in the host thread, augmentation on the device) or the
     LeRobot-style baseline loader, over the training episodes -> gr00t_model model, loss and random draws;
     the held-out episodes' samples for validation (data.val_episodes, eval.every). A data.mixture: the same
-    per member (`_mixture_build`)."""
+    per member (`model.build_mixture`)."""
     if cfg.data.mixture:
-        from ._mixture_build import build_mixture_parts
+        from .build_mixture import build_mixture_parts
 
         return build_mixture_parts(cfg, env)
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
