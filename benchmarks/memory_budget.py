@@ -15,7 +15,7 @@ the prediction per component. The states are predicted exactly, so what the peak
 activations and the workspace: over the rows, `gpu_factor` (what the GPU keeps over the CPU-counted activation
 model) and `cuda_workspace_gib` are fitted by least squares (the workspace kept as it is where the rows'
 activations do not differ enough), printed, and with --write-calibration written to
-gr00t_train/memory_calibration.json, which the planner reads. A budget the planner refuses is a row with its
+gr00t_train/memory/calibration.json, which the planner reads. A budget the planner refuses is a row with its
 error. About 1-1.5 minutes a row on an H200 (compilation, 30 steps).
 
     python -m vla_io synth /tmp/libero --preset libero --episodes 10 --image-size 256
@@ -48,7 +48,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("/tmp/memory_budget"))
     p.add_argument("--json", type=Path)
     p.add_argument("--write-calibration", action="store_true",
-                   help="write the fitted gpu_factor and cuda_workspace_gib to gr00t_train/memory_calibration.json")  # fmt: skip
+                   help="write the fitted gpu_factor and cuda_workspace_gib to gr00t_train/memory/calibration.json")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="more settings for every row")  # fmt: skip
     return p.parse_args()
@@ -153,7 +153,7 @@ def main() -> None:
         print(f"{r['row']:<6} {r['peak_gib'] or 0:>8.2f} {r['predicted_gib']:>8.2f} {r['samples_per_s']:>9.1f} "
               f"{100 * (r['mfu'] or 0):>5.1f}%  {chosen} "
               f"(microbatch {r['microbatch']} x {r['grad_accum']}, moments {r['adam_moments']})")  # fmt: skip
-    from gr00t_train._memory_activations import CALIBRATION_FILE, calibration
+    from gr00t_train.memory.activations import CALIBRATION_FILE, calibration
 
     current = calibration()
     fitted = fit_calibration(rows, current["cuda_workspace_gib"])

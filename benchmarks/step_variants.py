@@ -133,7 +133,8 @@ def _config(args, name: str, sets: list[str], steps: int, out: Path):
 
 def _parts(cfg, env, batches: list[dict]):
     import gr00t_model
-    from gr00t_train import TrainParts, _gr00t
+    from gr00t_train import TrainParts
+    from gr00t_train.model import gr00t as _gr00t
 
     tokenizer = gr00t_model.load_tokenizer(None)
     model = _gr00t.build_model(cfg, env.device, tokenizer)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gr00t_train._run_checks import check_weights_finite
-from gr00t_train._staging import Staging, device_room, expected_bytes
+from gr00t_train.checkpoint.staging import Staging, device_room, expected_bytes
 from torch import nn
 from vla_overlap import DistributedAdamW, OverlapConfig, OverlapDataParallel, UpdateStream
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from gr00t_train._staging import Staging
+from gr00t_train.checkpoint.staging import Staging
 from torch import nn
 from vla_overlap import DistributedAdamW, OverlapConfig, OverlapDataParallel, UpdateStream
 

@@ -19,7 +19,7 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import Checkpointer, CheckpointError, Trainer
-from gr00t_train._staging import Staging
+from gr00t_train.checkpoint.staging import Staging
 
 STANDINS = Path(__file__).with_name("standins.py")
 

@@ -9,6 +9,7 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import ConfigError, TrainConfig, apply_overrides, load_config
+from gr00t_train.config.io import write_config_json
 
 
 def test_defaults_and_presets_are_valid() -> None:
@@ -139,7 +140,7 @@ def test_file_errors_are_clear(tmp_path) -> None:
 
 def test_resolved_json_round_trips(tmp_path) -> None:
     cfg = load_config(preset="demo", overrides=["optim.lr=2e-3", "data.cameras=none", "model.tune_llm=true"])
-    path = gr00t_train._config_io.write_config_json(cfg, tmp_path / "config.json")
+    path = write_config_json(cfg, tmp_path / "config.json")
     assert json.loads(path.read_text())["optim"]["lr"] == 2e-3
     assert load_config(path) == cfg
 

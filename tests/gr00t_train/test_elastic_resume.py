@@ -23,7 +23,7 @@ import pytest
 import torch
 from _torchrun import torchrun
 from gr00t_train import Trainer
-from gr00t_train._resize import stream_seed
+from gr00t_train.checkpoint.resize import stream_seed
 
 STANDINS = Path(__file__).with_name("standins.py")
 RTOL = 1e-5
@@ -150,7 +150,7 @@ def test_the_baseline_loader_cannot_change_world_size(tmp_path, env, standins) -
     state_file = tmp_path / "run" / "checkpoints" / "step_000002" / "trainer_state.json"
     state = json.loads(state_file.read_text())
     state_file.write_text(json.dumps({**state, "world_size": 2}))
-    from gr00t_train._manifest import write_manifest
+    from gr00t_train.checkpoint.manifest import write_manifest
 
     (state_file.parent / "manifest.json").unlink()
     write_manifest(state_file.parent, {"step": 2, "run_id": state["run_id"]})
@@ -160,7 +160,7 @@ def test_the_baseline_loader_cannot_change_world_size(tmp_path, env, standins) -
 
 
 def test_the_saved_ranks_skipped_samples_add_up_on_rank_0(tmp_path) -> None:
-    from gr00t_train._resize import resized_data_state
+    from gr00t_train.checkpoint.resize import resized_data_state
 
     saved = [
         {"epoch": 1, "batch": 3, "consumed": 24, "world_size": 2, "skipped_samples": 2},

@@ -9,7 +9,7 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import ConfigError, Trainer
-from gr00t_train import _gr00t as adapter
+from gr00t_train.model import gr00t as adapter
 
 CPU = torch.device("cpu")
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from gr00t_model import GR00TN16, GR00TConfig
 from gr00t_train import ConfigError, Trainer
-from gr00t_train import _gr00t as adapter
-from gr00t_train import _memory_budget as budget
 from gr00t_train._comm import adam_moments
-from gr00t_train._memory_activations import SAVED_PER_UNIT, count_saved_per_sample, shapes_of
-from gr00t_train._memory_plan import GiB, predict, state_bytes
-from gr00t_train._optimizations import resolve_optimizations
+from gr00t_train.config.optimizations import resolve_optimizations
+from gr00t_train.memory import budget
+from gr00t_train.memory.activations import SAVED_PER_UNIT, count_saved_per_sample, shapes_of
+from gr00t_train.memory.plan import GiB, predict, state_bytes
+from gr00t_train.model import gr00t as adapter
 
 CPU = torch.device("cpu")
 
@@ -159,7 +159,7 @@ def _tiny(**fields):
 def test_activation_table_matches_a_fresh_saved_tensor_count(horizon) -> None:
     """The table's constants predict what autograd saves per sample in every kind of block (eager fp32 on a
     CPU, counted again here), at the horizon they were counted at and at another (the tokens scale)."""
-    from gr00t_train._memory_activations import activation_bytes, block_elements, mask_bytes
+    from gr00t_train.memory.activations import activation_bytes, block_elements, mask_bytes
 
     model, loss_at = _tiny(action_horizon=horizon)
     counted = count_saved_per_sample(model, loss_at)
@@ -181,7 +181,7 @@ def test_activation_table_matches_a_fresh_saved_tensor_count(horizon) -> None:
 def test_recomputed_blocks_keep_their_inputs() -> None:
     """With dit and llm recomputed, the forward keeps what the table's recomputed_* entries say (counted
     outside the blocks: torch.utils.checkpoint saves their inputs), far less than without."""
-    from gr00t_train._memory_activations import block_elements, mask_bytes
+    from gr00t_train.memory.activations import block_elements, mask_bytes
 
     model, loss_at = _tiny(checkpoint_blocks=("dit", "llm"))
     counted = count_saved_per_sample(model, loss_at)
@@ -321,7 +321,7 @@ def test_int8_moments_need_zero1(tmp_path) -> None:
 
 def test_the_start_up_block_and_summary_fields(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="gr00t_train._memory_budget"):
+    with caplog.at_level(logging.INFO, logger="gr00t_train.memory.budget"):
         _, plan = _planned(tmp_path, 200)
     text = caplog.text
     assert "memory budget 200 GiB (memory.budget_gib): none needed; microbatch 16 x 1" in text

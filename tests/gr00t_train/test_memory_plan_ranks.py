@@ -18,7 +18,7 @@ import torch
 spec = importlib.util.spec_from_file_location("gr00t_train_standins", {standins!r})
 standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = standins; spec.loader.exec_module(standins)
 import gr00t_train
-from gr00t_train._memory_plan import state_bytes
+from gr00t_train.memory.plan import state_bytes
 torch.set_num_threads(1)
 env = gr00t_train.init_distributed("cpu")
 cfg = standins.small_config(Path({tmp!r}) / f"rank{{env.rank}}", steps=1, optimizations__comm="zero1_overlap",

@@ -8,7 +8,7 @@ import json
 import gr00t_train
 import pytest
 from gr00t_train import ConfigError, DataError
-from gr00t_train._config_io import config_from_dict, config_to_dict
+from gr00t_train.config.io import config_from_dict, config_to_dict
 from gr00t_train.data.mixture_data import plan_mixture
 
 TOML = """

@@ -6,7 +6,7 @@ import gr00t_train
 import pytest
 from gr00t_train import ConfigError, TrainConfig, load_config
 from gr00t_train._bench import LADDER
-from gr00t_train._optimizations import resolve_optimizations
+from gr00t_train.config.optimizations import resolve_optimizations
 
 HOPPER, VOLTA = (9, 0), (7, 0)
 

@@ -329,8 +329,8 @@ def test_the_command_exits_2_naming_the_setting(dataset, tmp_path, capsys) -> No
 
 
 def test_a_resume_may_move_the_cache_but_not_switch_it() -> None:
-    from gr00t_train._config_io import config_to_dict
-    from gr00t_train._resume_changes import config_changes
+    from gr00t_train.checkpoint.resume_changes import config_changes
+    from gr00t_train.config.io import config_to_dict
 
     saved = config_to_dict(gr00t_train.load_config(preset="demo", overrides=["device=cpu"]))
     kinds = {}

@@ -17,6 +17,7 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import Checkpointer, ConfigError, RunFolderError, Trainer
+from gr00t_train.checkpoint.checkpointer import verify_checkpoint
 from gr00t_train.cli import main
 from gr00t_train.run_folder import checks as _folder_checks
 from gr00t_train.run_folder import folder as _run_folder
@@ -208,7 +209,7 @@ def test_a_malformed_safetensors_header_is_damage(tmp_path) -> None:
     save_file({"w": torch.arange(8.0)}, str(folder / "model.safetensors"))
     target = folder / "model.safetensors"
     target.write_bytes(target.read_bytes().replace(b"data_offsets", b"data_offsetz", 1))
-    reason = gr00t_train._checkpoint.verify_checkpoint(folder)
+    reason = verify_checkpoint(folder)
     assert reason.startswith("model.safetensors: its ") and "header is malformed (KeyError" in reason
 
 

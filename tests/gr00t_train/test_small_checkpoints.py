@@ -14,8 +14,8 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import ConfigError, Trainer
-from gr00t_train import _gr00t as adapter
 from gr00t_train.checkpoint.restore import load_pretrained
+from gr00t_train.model import gr00t as adapter
 from safetensors import safe_open
 
 CPU = torch.device("cpu")

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import torch
-from gr00t_train._host_pool import ALIGN, HostPool
-from gr00t_train._staging import Staging
+from gr00t_train.checkpoint.host_pool import ALIGN, HostPool
+from gr00t_train.checkpoint.staging import Staging
 
 
 def _load_scenario():

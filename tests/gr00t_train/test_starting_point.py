@@ -10,10 +10,10 @@ import logging
 import pytest
 import yaml
 from gr00t_train import TrainConfig, load_config
-from gr00t_train._config_io import config_from_dict
-from gr00t_train._gr00t import start_facts, tokenizer_path
 from gr00t_train.cli import build_parser, main
 from gr00t_train.config.docs import field_docs
+from gr00t_train.config.io import config_from_dict
+from gr00t_train.model.gr00t import start_facts, tokenizer_path
 
 
 def test_a_large_preset_from_random_weights_and_the_test_tokenizer_warns(caplog) -> None:
@@ -68,7 +68,7 @@ def test_config_prints_every_setting_under_its_doc(capsys) -> None:
 def test_every_field_has_a_doc(section) -> None:
     import dataclasses
 
-    import gr00t_train._config as config
+    import gr00t_train.config.sections as config
 
     cls = getattr(config, section)
     assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}

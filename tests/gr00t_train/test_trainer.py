@@ -160,7 +160,7 @@ def test_resume_without_random_state_would_diverge(tmp_path, env, standins) -> N
         cfg, ["checkpoint.resume=" + str(tmp_path / "run/checkpoints/step_000003")]
     )
     trainer = Trainer(resumed, standins.make_parts(), env)
-    import gr00t_train._components.checkpoint as loop
+    import gr00t_train.checkpoint.component as loop
 
     real = loop.set_rng_state
     loop.set_rng_state = lambda state, device: None

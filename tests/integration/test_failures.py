@@ -129,7 +129,7 @@ def test_in_process_batches_train_bit_identically(dataset, tmp_path, train_args,
 _KILLED = """
 import sys, time
 from pathlib import Path
-import gr00t_train._checkpoint as ck
+import gr00t_train.checkpoint.checkpointer as ck
 from gr00t_train.cli import main
 
 real = ck._fsync_tree
@@ -350,7 +350,5 @@ def test_undecodable_samples_are_skipped_up_to_the_budget(
     assert len(warned) == 1 and "(episode 1, frame " in warned[0] and str(video) in warned[0]
     # The default budget (1% of the samples) is exceeded at once: exit 2, naming the setting.
     code, err = _run_cli(train_args(dataset_copy, tmp_path / "strict"), capsys)
-    assert (
-        code == 2 and "and were skipped, more than data.max_bad_fraction=0.01" in err
-    )
+    assert code == 2 and "and were skipped, more than data.max_bad_fraction=0.01" in err
     assert "vla-io check DATASET" in err

@@ -14,7 +14,7 @@ LORA = ("model.lora.rank=4", "checkpoint.every=3")
 
 def test_only_the_adapters_and_the_projectors_train(dataset, tmp_path, train_args, losses, caplog) -> None:
     import gr00t_train
-    from gr00t_train._gr00t import build_model
+    from gr00t_train.model.gr00t import build_model
 
     cfg = gr00t_train.load_config(preset="demo", overrides=["model.lora.rank=4", "device=cpu"])
     model = build_model(cfg, torch.device("cpu"), gr00t_model.load_tokenizer(None))

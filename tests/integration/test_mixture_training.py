@@ -17,10 +17,10 @@ import gr00t_train
 import numpy as np
 import pytest
 import torch
-from gr00t_train import _gr00t
 from gr00t_train.cli import main
 from gr00t_train.data import dataset as _data
 from gr00t_train.data import mixture_data as _mixture_data
+from gr00t_train.model import gr00t as _gr00t
 
 SLOTS = {
     "libero_panda": gr00t_model.EMBODIMENT_TAGS["libero_panda"],

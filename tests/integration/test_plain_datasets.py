@@ -93,9 +93,8 @@ def _no_model(*args, **kwargs):
 
 
 def test_unmappable_dataset_exits_2_before_the_model_is_built(plain, tmp_path, capsys, monkeypatch):
-    import gr00t_train._gr00t
 
-    monkeypatch.setattr(gr00t_train._gr00t, "build_model", _no_model)
+    monkeypatch.setattr("gr00t_train.model.gr00t.build_model", _no_model)
     root = tmp_path / "renamed"
     shutil.copytree(plain["v3.0"], root)
     info = json.loads((root / "meta" / "info.json").read_text())

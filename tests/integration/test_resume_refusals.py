@@ -11,10 +11,9 @@ import re
 import shutil
 from pathlib import Path
 
-import gr00t_train._gr00t
 import pytest
 import torch
-from gr00t_train._manifest import write_manifest
+from gr00t_train.checkpoint.manifest import write_manifest
 from gr00t_train.cli import main
 
 BASE = ("checkpoint.every=3", "logging.tensorboard=false", "optim.min_lr_ratio=0.1")
@@ -41,7 +40,7 @@ def _forbid_model(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the refusal")
 
-    monkeypatch.setattr(gr00t_train._gr00t, "build_model", refuse)
+    monkeypatch.setattr("gr00t_train.model.gr00t.build_model", refuse)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import shutil
 
 import gr00t_model
-import gr00t_train._gr00t
 import pytest
 import torch
 from gr00t_train.checkpoint.restore import load_pretrained
@@ -56,7 +55,7 @@ def test_a_run_from_a_base_then_infer_export_and_a_missing_base(
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the refusal")
 
-    monkeypatch.setattr(gr00t_train._gr00t, "build_model", refuse)
+    monkeypatch.setattr("gr00t_train.model.gr00t.build_model", refuse)
     step2 = out / "checkpoints" / "step_000002"
     assert (
         main([*train_args(dataset, out, "steps=4", "checkpoint.every=2", *sets), "--resume", str(step2)]) == 2

@@ -12,11 +12,11 @@ import pytest
 import torch
 from gr00t_train import load_config
 from gr00t_train._baselines import LeRobotStyleSource
-from gr00t_train._components.data import build_source
 from gr00t_train._distributed import DistEnv
 from gr00t_train._parts import episode_ids
 from gr00t_train.cli import main
 from gr00t_train.data import dataset as _data
+from gr00t_train.data.component import build_source
 from gr00t_train.metrics.component import read_validation
 
 GROUPS = {"eef_delta_pos", "eef_delta_rot", "gripper"}

@@ -12,22 +12,22 @@ from typing import TYPE_CHECKING, Any
 from .__about__ import __version__
 
 _EXPORTS = {
-    "Checkpointer": "._checkpoint",
-    "CheckpointConfig": "._config",
-    "DataConfig": "._config",
-    "EvalConfig": "._config",
-    "LoRAConfig": "._config",
-    "MemoryConfig": "._config",
-    "LoggingConfig": "._config",
-    "ModelConfig": "._config",
-    "OptimConfig": "._config",
-    "OptimizationsConfig": "._config",
+    "Checkpointer": ".checkpoint.checkpointer",
+    "CheckpointConfig": ".config.sections",
+    "DataConfig": ".config.sections",
+    "EvalConfig": ".config.sections",
+    "LoRAConfig": ".config.sections",
+    "MemoryConfig": ".config.sections",
+    "LoggingConfig": ".config.sections",
+    "ModelConfig": ".config.sections",
+    "OptimConfig": ".config.sections",
+    "OptimizationsConfig": ".config.sections",
     "PrefixCacheConfig": ".prefix_cache.config",
-    "TrainConfig": "._config",
-    "apply_overrides": "._config_io",
-    "config_from_dict": "._config_io",
-    "config_to_dict": "._config_io",
-    "load_config": "._config_io",
+    "TrainConfig": ".config.sections",
+    "apply_overrides": ".config.io",
+    "config_from_dict": ".config.io",
+    "config_to_dict": ".config.io",
+    "load_config": ".config.io",
     "DistEnv": "._distributed",
     "init_distributed": "._distributed",
     "shutdown_distributed": "._distributed",
@@ -116,20 +116,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from ._checkpoint import Checkpointer
-    from ._config import (
-        CheckpointConfig,
-        DataConfig,
-        EvalConfig,
-        LoggingConfig,
-        LoRAConfig,
-        MemoryConfig,
-        ModelConfig,
-        OptimConfig,
-        OptimizationsConfig,
-        TrainConfig,
-    )
-    from ._config_io import apply_overrides, config_from_dict, config_to_dict, load_config
     from ._distributed import DistEnv, init_distributed, shutdown_distributed
     from ._errors import (
         BatchTooLargeError,
@@ -145,7 +131,21 @@ if TYPE_CHECKING:
     from ._run import run_training
     from ._schedule import CosineSchedule
     from ._trainer import Trainer
+    from .checkpoint.checkpointer import Checkpointer
+    from .config.io import apply_overrides, config_from_dict, config_to_dict, load_config
     from .config.presets import PRESETS, demo_config, libero_config
+    from .config.sections import (
+        CheckpointConfig,
+        DataConfig,
+        EvalConfig,
+        LoggingConfig,
+        LoRAConfig,
+        MemoryConfig,
+        ModelConfig,
+        OptimConfig,
+        OptimizationsConfig,
+        TrainConfig,
+    )
     from .metrics.records import RunSummary, StepRecord
     from .prefix_cache.config import PrefixCacheConfig
     from .validation.infer import EvalReport, evaluate

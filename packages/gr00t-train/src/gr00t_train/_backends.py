@@ -11,8 +11,8 @@ import os
 
 import torch
 
-from ._config import TrainConfig
 from ._distributed import device_type
+from .config.sections import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ._config import TrainConfig
-from ._config_io import apply_overrides, config_to_dict
+from .config.io import apply_overrides, config_to_dict
+from .config.sections import TrainConfig
 
 log = logging.getLogger(__name__)
 

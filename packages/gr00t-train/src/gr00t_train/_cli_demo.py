@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from ._config_io import apply_overrides
+from .config.io import apply_overrides
 from .config.presets import demo_config
 
 log = logging.getLogger(__name__)

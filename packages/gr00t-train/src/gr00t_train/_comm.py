@@ -15,10 +15,10 @@ import vla_graph
 import vla_overlap
 from torch import nn
 
-from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import ConfigError
 from ._optim import param_groups
+from .config.sections import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from ._weights import BaseWeights
+    from .checkpoint.weights import BaseWeights
     from .validation.held_out import HeldOut
 
 Batch = dict[str, Any]
@@ -85,7 +85,7 @@ class TrainParts:
     last (`validation/component.py`); None = no validation."""
     base: BaseWeights | None = None
     """Where the model's frozen weights were loaded from (model.checkpoint) and which state-dict keys that
-    folder provided: checkpoints record it by path and hash instead of writing those tensors (`_weights.py`).
+    folder provided: checkpoints record it by path and hash instead of writing those tensors (`checkpoint/weights.py`).
     None: checkpoints write the frozen tensors."""
     facts: dict[str, Any] = field(default_factory=dict)
     """What the run's report (summary.json) states about where the run started: initial weights, tokenizer,

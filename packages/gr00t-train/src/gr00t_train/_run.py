@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 
 from ._backends import request_zero_gemm_workspace
-from ._checkpoint import Checkpointer
-from ._config import TrainConfig
 from ._distributed import DistEnv, init_distributed, shutdown_distributed
 from ._errors import DataError, PeerLostError, TrainingInterrupted
-from ._memory_budget import apply_memory_cap, plan_for_budget
-from ._optimizations import resolve_optimizations
 from ._peers import Lost, PeerWatch, looks_like_lost_peer, one_line, store_endpoint
 from ._trainer import Trainer
+from .checkpoint.checkpointer import Checkpointer
+from .config.optimizations import resolve_optimizations
+from .config.sections import TrainConfig
+from .memory.budget import apply_memory_cap, plan_for_budget
 from .metrics.records import RunSummary
 from .metrics.startup import clock as startup_clock
 from .run_folder.folder import claim_run

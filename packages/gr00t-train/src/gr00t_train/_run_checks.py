@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._config import TrainConfig
 from ._distributed import DistEnv
 from ._errors import DataError, NonFiniteWeightsError
 from ._peers import peer_noted
 from ._signals import StopRequest
+from .config.sections import TrainConfig
 
 
 @dataclass

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import OptimConfig
+from .config.sections import OptimConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The Trainer: the training loop and the training step, in one place. Start reading here.
 
 `Trainer(cfg, parts, env)` builds its components from the run's TrainParts (model, loss, batch source; GR00T's
-come from `model.build.build_parts`, tests use tiny stand-ins), one module each under `_components/`:
+come from `model.build.build_parts`, tests use tiny stand-ins), each in its concept's subpackage as `component.py`:
 
     data        DataComponent        a step's microbatches from the BatchSource
     model       ModelComponent       compiled blocks, data-parallel wrapper + AdamW + gradient-sync plan
@@ -26,21 +26,21 @@ from typing import Any
 import torch
 
 from ._backends import BackendSwitches
-from ._components.checkpoint import CheckpointComponent
-from ._components.data import DataComponent
-from ._components.model import ModelComponent
-from ._config import TrainConfig
-from ._config_io import write_config_json
 from ._distributed import DistEnv
 from ._errors import BatchTooLargeError, ConfigError, TrainingInterrupted
-from ._optimizations import resolve_optimizations
 from ._parts import Batch, TrainParts
 from ._rng import seed_everything
 from ._run_checks import RunChecks
+from .checkpoint.component import CheckpointComponent
+from .config.io import write_config_json
+from .config.optimizations import resolve_optimizations
+from .config.sections import TrainConfig
+from .data.component import DataComponent
 from .metrics.component import MetricsComponent
 from .metrics.records import RunSummary
 from .metrics.startup import clock as startup_clock
 from .metrics.timing import StepTimer
+from .model.component import ModelComponent
 from .run_folder.folder import RunClaim, claim_run
 from .validation.component import ValidationComponent
 
@@ -83,7 +83,7 @@ class Trainer:
         self.global_batch = cfg.data.batch_size * cfg.optim.grad_accum * env.world_size
         timer = StepTimer(env.device, nested={"comm": "compute"})  # where each step's time goes
 
-        # The components (`_components/`).
+        # The components (`<concept>/component.py`).
         self.model = ModelComponent(cfg, parts, env, self.microbatch_step, timer.phase)
         self.data = DataComponent(parts.data, cfg.optim.grad_accum)
         self.checkpoint = CheckpointComponent(cfg, env, parts, self.model, self.data, self.global_batch)
@@ -101,7 +101,7 @@ class Trainer:
         """Seconds from `started_at` to the end of the first step: process group, model, data, compilation,
         graph capture (a resume's loading included)."""
         self.memory_plan = None
-        """memory.budget_gib's plan (`_memory_budget.MemoryPlan`, set by run_training): the measured peak
+        """memory.budget_gib's plan (`memory.budget.MemoryPlan`, set by run_training): the measured peak
         after step 1 is logged beside its prediction and both go into summary.json."""
         self.step_callback: Callable[[], None] | None = None
         """Called after every step (e.g. a profiler's step())."""

@@ -40,7 +40,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve(args: argparse.Namespace):
-    from ._config_io import load_config
+    from .config.io import load_config
 
     overrides = list(args.overrides)
     if getattr(args, "resume", None):
@@ -126,8 +126,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from ._config_io import config_to_dict
     from .config.docs import commented_yaml
+    from .config.io import config_to_dict
 
     cfg = _resolve(args)
     if args.format == "json":
@@ -342,7 +342,7 @@ def _resume_hint(args: argparse.Namespace) -> str:
     cfg = getattr(args, "resolved", None)
     if cfg is None:
         return ""
-    from ._checkpoint import Checkpointer
+    from .checkpoint.checkpointer import Checkpointer
 
     try:
         has_checkpoint = Checkpointer(cfg.checkpoint_dir, keep_last=1).latest() is not None

@@ -1,6 +1,6 @@
 """`gr00t-train export CHECKPOINT OUT`: a checkpoint as a complete model folder, for inference or sharing.
 
-A checkpoint holds only what training changed (`_weights.py`); the export is the whole model, rebuilt from
+A checkpoint holds only what training changed (`checkpoint/weights.py`); the export is the whole model, rebuilt from
 its base, the tensors it wrote and the optimizer's fp32 masters (`checkpoint/restore.py`), written by
 `gr00t_model.save_pretrained` in the dtypes the run trained with, so `gr00t_model.from_pretrained(OUT)` loads
 it alone. Beside it: dataset_meta/ (the statistics and joint groups to normalize with) and train_config.json
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import gr00t_model
 
-from .._checkpoint import TRAIN_CONFIG, TRAINER_STATE
 from .._errors import DataError
-from .._manifest import write_manifest
 from ..model.build import DATASET_META
+from .checkpointer import TRAIN_CONFIG, TRAINER_STATE
+from .manifest import write_manifest
 from .restore import BaseError, load_pretrained
 
 log = logging.getLogger(__name__)

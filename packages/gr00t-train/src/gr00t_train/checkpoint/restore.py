@@ -1,6 +1,6 @@
 """A complete GR00T model from a folder, whatever wrote it: a release or `save_pretrained` folder (as
 gr00t_model loads it), or one of our checkpoints, which holds only what its base and its optimizer state do
-not (`weights.json`, `_weights.py`). For those: the base loaded first (checked against the recorded digests;
+not (`weights.json`, `checkpoint/weights.py`). For those: the base loaded first (checked against the recorded digests;
 itself resolved the same way), then the tensors the checkpoint wrote, then the trainable parameters set from
 the fp32 masters of its optimizer.pt (memory-mapped: only the masters are read), cast to each parameter's
 dtype as the optimizer casts them. What `infer`, `export` and a run from `model.checkpoint` load."""
@@ -16,8 +16,8 @@ import gr00t_model
 import torch
 from gr00t_model import GR00TConfig
 
-from .._base import find_base
-from .._weights import read_record
+from .base import find_base
+from .weights import read_record
 
 
 class BaseError(ValueError):

@@ -1,10 +1,10 @@
 """Whether a checkpoint can be resumed by this run, decided before the model is built (exit 2 otherwise).
 
 A resume continues the checkpoint's run exactly: the same settings of everything that decides what the run
-computes (`_resume_changes`: data, model and trainable set, optimizer and schedule,
+computes (`checkpoint.resume_changes`: data, model and trainable set, optimizer and schedule,
 numerics; `--resume-changed KEY` allows a named change, which is recorded), the same dataset (its
 fingerprint, even at the same path), the same optimizer-state form, and checkpoint files that unpickle as
-plain tensors. Another world size is allowed (`_resize`: the global batch changes, which a warning names and
+plain tensors. Another world size is allowed (`checkpoint.resize`: the global batch changes, which a warning names and
 the run records). Every refusal says how to continue instead: the checkpoint's values, or a new run from its
 weights with a command that works as written."""
 
@@ -17,19 +17,19 @@ from typing import Any
 
 import torch
 
-from .._base import find_base
-from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE
-from .._checkpoint_files import unreadable
-from .._config import TrainConfig
-from .._dataset_fingerprint import differences, fingerprint, meta_digest, read_fingerprint
 from .._distributed import device_type
 from .._errors import ConfigError
-from .._gr00t import merges_dit_linears
-from .._mixture import mixture_fingerprint
-from .._resize import check_resize
-from .._resume_changes import Change, config_changes, unknown_keys
 from .._schedule import CosineSchedule
-from .._weights import read_record
+from ..config.sections import TrainConfig
+from ..data.fingerprint import differences, fingerprint, meta_digest, read_fingerprint
+from ..data.mixture import mixture_fingerprint
+from ..model.gr00t import merges_dit_linears
+from .base import find_base
+from .checkpointer import DATASET_FINGERPRINT, TRAIN_CONFIG, TRAINER_STATE
+from .files import unreadable
+from .resize import check_resize
+from .resume_changes import Change, config_changes, unknown_keys
+from .weights import read_record
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def _check_same_layout(path: Path, cfg: TrainConfig, fresh: str) -> None:
 
 
 def _check_base(path: Path, cfg: TrainConfig) -> None:
-    """A checkpoint that records a base (`_weights.py`) holds only what training changed: the run must build
+    """A checkpoint that records a base (`checkpoint/weights.py`) holds only what training changed: the run must build
     its model from that base, unchanged (model.checkpoint, at the recorded path or moved)."""
     try:
         record = read_record(path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._config import (
+from .._errors import ConfigError
+from .sections import (
     CheckpointConfig,
     DataConfig,
     LoggingConfig,
@@ -13,7 +14,6 @@ from .._config import (
     OptimizationsConfig,
     TrainConfig,
 )
-from .._errors import ConfigError
 
 
 def demo_config() -> TrainConfig:

@@ -55,7 +55,7 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
     if dataclasses.is_dataclass(hint):  # a section inside a list (data.mixture's entries)
         if isinstance(value, hint):
             return value
-        from .._config_io import config_from_dict
+        from .io import config_from_dict
 
         try:
             return config_from_dict(hint, value)

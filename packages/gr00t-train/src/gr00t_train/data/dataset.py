@@ -16,8 +16,8 @@ import gr00t_model
 import numpy as np
 import torch
 
-from .._config import TrainConfig
 from .._errors import ConfigError, DataError
+from ..config.sections import TrainConfig
 from ..validation.held_out import EpisodeSplit, describe_split, split_episodes
 from .features import FeatureMap, map_features
 

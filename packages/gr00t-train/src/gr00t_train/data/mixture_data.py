@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError, DataError
-from .._mixture import MixtureEntry, member_config, member_error
 from . import dataset as _data
+from .mixture import MixtureEntry, member_config, member_error
 
 log = logging.getLogger(__name__)
 ROWS_KEY = "mixture_rows"
@@ -243,8 +243,8 @@ class MixtureImages:
 def save_mixture_meta(module: torch.nn.Module, folder: Path, mix: MixtureData) -> None:
     """The model, and beside it every member's modality.json, stats.json and split.json (what it normalized
     with and held out) and the members list."""
-    from .._gr00t import save_model
     from ..model.build import DATASET_META
+    from ..model.gr00t import save_model
 
     save_model(module, folder)
     for name, content in mix.dataset_meta().items():

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._errors import NonFiniteLossError
 from .._parts import Batch, TrainParts, episode_ids
 from .._run_checks import SampleTags, describe_nonfinite, tag_samples
+from ..config.sections import TrainConfig
 from .records import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
 from .timing import StepTimer, StepTimes
 

@@ -1,5 +1,5 @@
 """GR00T's TrainParts: everything model- and data-specific of a run, built from the sibling packages (the
-dataset and processor from `data.dataset`, the model, loss and random draws from `_gr00t`, the batch source from the
+dataset and processor from `data.dataset`, the model, loss and random draws from `model.gr00t`, the batch source from the
 data component). The Trainer (`_trainer.py`) trains whatever TrainParts it is given."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from pathlib import Path
 import gr00t_model
 import torch
 
-from .. import _gr00t
-from .._components.data import build_source
-from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._parts import TrainParts
+from ..config.sections import TrainConfig
 from ..data import dataset as _data
+from ..data.component import build_source
 from ..metrics.startup import clock as startup_clock
 from ..prefix_cache import cache as _prefix_cache
 from ..validation import held_out as _validation
+from . import gr00t as _gr00t
 
 log = logging.getLogger(__name__)
 DATASET_META = "dataset_meta"

@@ -7,14 +7,14 @@ import logging
 
 import gr00t_model
 
-from .. import _gr00t
-from .._components.data import build_source
-from .._config import TrainConfig
 from .._distributed import DistEnv
-from .._mixture import member_config
 from .._parts import TrainParts
+from ..config.sections import TrainConfig
 from ..data import mixture_data as _mixture_data
+from ..data.component import build_source
+from ..data.mixture import member_config
 from ..validation import held_out as _validation
+from . import gr00t as _gr00t
 from .build import model_parts
 
 log = logging.getLogger(__name__)

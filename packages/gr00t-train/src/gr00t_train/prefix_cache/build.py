@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .._config import TrainConfig
 from .._errors import DataError
+from ..config.sections import TrainConfig
 from ..data import dataset as _data
 from .store import FeatureStore, quantize
 

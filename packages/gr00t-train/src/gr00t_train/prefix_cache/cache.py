@@ -28,13 +28,13 @@ from typing import Any
 import gr00t_model
 import torch
 
-from .. import _gr00t
-from .._config import TrainConfig
-from .._dataset_fingerprint import fingerprint as dataset_fingerprint
 from .._distributed import DistEnv
 from .._errors import ConfigError
-from .._optimizations import resolve_optimizations
 from .._parts import TrainParts
+from ..config.optimizations import resolve_optimizations
+from ..config.sections import TrainConfig
+from ..data.fingerprint import fingerprint as dataset_fingerprint
+from ..model import gr00t as _gr00t
 from ..run_folder.checks import refuse_dataset_folder
 from .build import build_store
 from .source import CachedSource

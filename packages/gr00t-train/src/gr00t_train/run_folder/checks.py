@@ -8,8 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from .._config import TrainConfig
 from .._errors import ConfigError, RunFolderError
+from ..config.sections import TrainConfig
 from .lock import held_below, live_holder
 
 

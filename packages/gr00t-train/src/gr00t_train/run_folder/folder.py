@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._checkpoint import (
+from .._distributed import DistEnv
+from .._errors import ConfigError, RunFolderError
+from ..checkpoint.checkpointer import (
     Checkpointer,
     checkpoint_run_id,
     verify_checkpoint,
 )
-from .._config import TrainConfig
-from .._distributed import DistEnv
-from .._errors import ConfigError, RunFolderError
 from ..checkpoint.resume_checks import check_compatible
+from ..config.sections import TrainConfig
 from .checks import probe_writable, refuse_dataset_folder, refuse_inside_live_run, refuse_nested_runs
 from .lock import FolderLock
 

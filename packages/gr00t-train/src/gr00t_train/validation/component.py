@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._parts import TrainParts
+from ..config.sections import TrainConfig
 from .held_out import ActionErrors, isolated_rng, score_line
 
 log = logging.getLogger(__name__)

@@ -12,16 +12,16 @@ from pathlib import Path
 import gr00t_model
 import torch
 
-from .._checkpoint import _STEP_DIR, TRAIN_CONFIG, Checkpointer, verify_checkpoint
-from .._config import TrainConfig
-from .._config_io import config_from_dict, read_config_file
 from .._distributed import resolve_device
 from .._errors import DataError
-from .._manifest import check_manifest
-from .._mixture import member_of
+from ..checkpoint.checkpointer import _STEP_DIR, TRAIN_CONFIG, Checkpointer, verify_checkpoint
 from ..checkpoint.export import is_export
+from ..checkpoint.manifest import check_manifest
 from ..checkpoint.restore import BaseError, load_pretrained
+from ..config.io import config_from_dict, read_config_file
+from ..config.sections import TrainConfig
 from ..data import dataset as _data
+from ..data.mixture import member_of
 from ..model.build import DATASET_META
 from .held_out import ActionErrors, action_columns, mean_action
 

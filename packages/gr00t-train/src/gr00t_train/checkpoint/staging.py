@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._host_pool import ALIGN, HostPool, nbytes
+from .host_pool import ALIGN, HostPool, nbytes
 
 SNAPSHOT_MARGIN = 2 << 30
 """Device memory left free, beyond the steps' own headroom, when the state is copied on the device first."""

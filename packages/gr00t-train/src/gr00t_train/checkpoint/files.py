@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._errors import CheckpointError
+from .._errors import CheckpointError
 
 
 def _torch_save(obj: Any, path: Path) -> None:

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._config import TrainConfig
-from ._errors import ConfigError
-from .config.types import coerce, field_types
+from .._errors import ConfigError
+from .sections import TrainConfig
+from .types import coerce, field_types
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def load_config(
     """The resolved config: preset (or defaults), then the file, then the overrides.
 
     A file may name its starting preset with a top-level `preset = "libero"` entry."""
-    from .config.presets import preset_config
+    from .presets import preset_config
 
     data = read_config_file(path) if path is not None else {}
     file_preset = data.pop("preset", None)

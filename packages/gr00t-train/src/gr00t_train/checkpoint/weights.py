@@ -3,7 +3,7 @@
 A checkpoint does not repeat what it holds elsewhere or what the run started from:
 
 - frozen tensors the base provided (the folder `model.checkpoint` names, recorded by path and by the SHA-256
-  of its weight files, `_base.py`) are read from the base again;
+  of its weight files, `checkpoint/base.py`) are read from the base again;
 - trainable parameters whose fp32 master weight the optimizer state holds (vla_overlap's ZeRO-1 state) are
   that master, cast to the parameter's dtype: with `optimizations.bf16_weights` the bf16 working copy is the
   round-to-nearest-even of its master, exactly what the optimizer writes back (with `param_remainders`
@@ -51,7 +51,7 @@ class WeightsPlan:
     """Trainable parameters set from the optimizer state's fp32 masters."""
 
     def record(self, base: dict[str, Any] | None) -> dict[str, Any]:
-        """The JSON of weights.json; `base` is the base's path and file digests (`_base.describe`)."""
+        """The JSON of weights.json; `base` is the base's path and file digests (`checkpoint.base.describe`)."""
         return {
             "format": FORMAT,
             "base": base,

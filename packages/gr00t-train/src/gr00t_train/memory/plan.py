@@ -3,9 +3,9 @@
 The states are exact: frozen weights (with the prepared copies of the frozen prefix's GEMM weights), trainable
 weights, fp32 master weights (and remainders), AdamW moments and gradient buffers are laid out as vla-overlap
 lays them out (`vla_overlap.plan_layout`: per-dtype buffers, aligned parameters, buckets padded to the world
-size, ZeRO-1's shard of each bucket per rank). Activations come from `_memory_activations` (a counted model of
+size, ZeRO-1's shard of each bucket per rank). Activations come from `memory.activations` (a counted model of
 what the trainable blocks keep per sample) and the workspace (cuBLAS, compiled kernels, graph pools, the
-allocator's slack) from a measured constant (both GPU constants in memory_calibration.json). The peak is their sum: the backward of the last microbatch holds
+allocator's slack) from a measured constant (both GPU constants in calibration.json). The peak is their sum: the backward of the last microbatch holds
 every state and the batch's activations at once."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 import vla_overlap
 from torch import nn
 
-from ._comm import _flat_kernel, _grad_buffer_dtype, bucket_elements
-from ._config import TrainConfig
-from ._memory_activations import Shapes, activation_bytes, calibration, mask_bytes
+from .._comm import _flat_kernel, _grad_buffer_dtype, bucket_elements
+from ..config.sections import TrainConfig
+from .activations import Shapes, activation_bytes, calibration, mask_bytes
 
 COMPONENTS = (
     "frozen_weights", "trainable_weights", "masters", "moments", "gradients", "activations", "workspace",

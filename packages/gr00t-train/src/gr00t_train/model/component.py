@@ -18,11 +18,11 @@ import vla_graph
 import vla_overlap
 
 from .._comm import SyncPlan, plan_grad_sync
-from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._errors import ConfigError
 from .._parts import Batch, TrainParts
 from .._schedule import CosineSchedule
+from ..config.sections import TrainConfig
 from ..metrics.timing import StepTimer
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
-from .config.types import Section, require
+from .types import Section, require
 
 if TYPE_CHECKING:
-    from ._config import TrainConfig
+    from .sections import TrainConfig
 
 DataMode = Literal["dataloader", "sync", "async"]
 CommMode = Literal["auto", "allreduce_after_backward", "ddp", "overlap", "zero1_overlap"]

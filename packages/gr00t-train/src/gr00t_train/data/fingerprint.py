@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ._manifest import file_digests
+from ..checkpoint.manifest import file_digests
 
 FINGERPRINT_FILE = "dataset_fingerprint.json"
 """Checkpoint file holding `fingerprint(dataset)`."""

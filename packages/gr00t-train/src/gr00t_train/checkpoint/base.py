@@ -1,6 +1,6 @@
 """The base of a run's checkpoints: the model folder its frozen weights were loaded from (`model.checkpoint`),
 named by path and by the size and SHA-256 of its weight files. Checkpoints record it instead of repeating
-those tensors (`_weights.py`); a resume (before the model is built), `infer` and `export` refuse a base that
+those tensors (`checkpoint/weights.py`); a resume (before the model is built), `infer` and `export` refuse a base that
 is missing or changed, naming the file.
 
 The weight files are hashed once per process (block-parallel, as manifests are: seconds for the 3 B release)
@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ._manifest import file_digests
+from .manifest import file_digests
 
 log = logging.getLogger(__name__)
 

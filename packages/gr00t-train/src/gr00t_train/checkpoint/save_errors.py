@@ -7,7 +7,7 @@ import errno
 import os
 from pathlib import Path
 
-from ._errors import CheckpointError
+from .._errors import CheckpointError
 
 
 def save_error(err: BaseException, final: Path, tmp: Path, kept: list[str]) -> CheckpointError | None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CheckpointError, ConfigError
+from .._errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 

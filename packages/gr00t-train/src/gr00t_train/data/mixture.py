@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError, DataError
-from .config.types import Section, require
+from .._errors import ConfigError, DataError
+from ..config.types import Section, require
 
 PER_DATASET = ("dataset", "cameras", "state_keys", "action_keys", "modality_file", "embodiment_tag")
 """The data settings one mixture entry gives per dataset (data.<key> must stay unset with data.mixture)."""
@@ -115,9 +115,9 @@ def member_error(err: Exception, index: int, entry: MixtureEntry) -> Exception:
 
 
 def mixture_fingerprint(entries: list[MixtureEntry]) -> dict[str, Any] | None:
-    """Every member's dataset fingerprint in one (`_dataset_fingerprint`'s form), its paths under
+    """Every member's dataset fingerprint in one (`data.fingerprint`'s form), its paths under
     `<index>-<label>/`, so a resume names the member and file that changed. None if a member has no meta/."""
-    from ._dataset_fingerprint import fingerprint
+    from .fingerprint import fingerprint
 
     out: dict[str, Any] = {"meta": {}, "files": {}}
     for i, entry in enumerate(entries):
@@ -131,7 +131,7 @@ def mixture_fingerprint(entries: list[MixtureEntry]) -> dict[str, Any] | None:
 
 def run_fingerprint(cfg: Any) -> dict[str, Any] | None:
     """The fingerprint a checkpoint records of the run's data: the dataset's, or every mixture member's."""
-    from ._dataset_fingerprint import fingerprint
+    from .fingerprint import fingerprint
 
     if cfg.data.mixture:
         return mixture_fingerprint(cfg.data.mixture)

@@ -1,6 +1,6 @@
 """memory.budget_gib: choose the techniques that fit a run in a device-memory budget, before the model is built.
 
-`plan_for_budget` predicts the peak (`_memory_plan`) of the model the run will build (built on the meta
+`plan_for_budget` predicts the peak (`memory.plan`) of the model the run will build (built on the meta
 device: the same parameters, dtypes and prepared frozen copies, no memory), then adds techniques in order of
 their cost to speed until the prediction fits: the flat step's master remainders dropped
 (optimizations.param_remainders=false), recompute the DiT blocks, 8-bit AdamW moments (where vla-overlap
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._config import TrainConfig
-from ._errors import ConfigError
-from ._memory_activations import shapes_of
-from ._memory_plan import COMPONENTS, GiB, Prediction, predict
+from .._errors import ConfigError
+from ..config.sections import TrainConfig
+from .activations import shapes_of
+from .plan import COMPONENTS, GiB, Prediction, predict
 
 log = logging.getLogger(__name__)
 CAP_ENV = "GR00T_TRAIN_MEMORY_CAP_GIB"
@@ -275,7 +275,7 @@ def meta_model(cfg: TrainConfig, device: torch.device):
     import gr00t_model
     from gr00t_model import GR00TN16, GR00TConfig
 
-    from . import _gr00t
+    from ..model import gr00t as _gr00t
 
     tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
     config = GR00TConfig.preset(cfg.model.preset, **_gr00t.model_overrides(cfg, device, tokenizer))

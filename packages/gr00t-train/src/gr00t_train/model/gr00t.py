@@ -13,11 +13,11 @@ import gr00t_model
 import torch
 from gr00t_model import GR00TN16, GR00TConfig
 
-from ._config import TrainConfig
-from ._errors import ConfigError
-from ._optimizations import resolve_optimizations
-from ._weights import BaseWeights
-from .checkpoint.restore import BaseError, load_pretrained
+from .._errors import ConfigError
+from ..checkpoint.restore import BaseError, load_pretrained
+from ..checkpoint.weights import BaseWeights
+from ..config.optimizations import resolve_optimizations
+from ..config.sections import TrainConfig
 
 log = logging.getLogger(__name__)
 _BASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -4,7 +4,7 @@ summary.json.
 
 The thread runs `Checkpointer.write`, which runs no collective (ranks report their parts through marker
 files), so it never interleaves with training's collectives. Everything it writes was staged in host memory
-on the main thread first (`_staging`); it waits for those copies before reading them.
+on the main thread first (`checkpoint.staging`); it waits for those copies before reading them.
 """
 
 from __future__ import annotations

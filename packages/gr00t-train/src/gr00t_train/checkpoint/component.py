@@ -1,11 +1,11 @@
 """The checkpoint component: what a checkpoint of a run holds, and how a run resumes from one.
 
-A checkpoint (written atomically by `Checkpointer`, `_checkpoint.py`) holds the model's tensors that neither
-its base nor the optimizer state hold, as `TrainParts.save_model` writes them (`_weights.py`: weights.json
+A checkpoint (written atomically by `Checkpointer`, `checkpoint/checkpointer.py`) holds the model's tensors that neither
+its base nor the optimizer state hold, as `TrainParts.save_model` writes them (`checkpoint/weights.py`: weights.json
 says where the others come from), the optimizer state (vla_overlap's ZeRO-1 state is gathered, full size),
 the trainer state (step, samples seen, world size, global batch, lr schedule), the resolved config, and per
 rank the random streams and the data source's position: a resumed run continues the exact trajectory (at another world size, the
-data order and the schedule continue and the global batch changes: `_resize.py`)."""
+data order and the schedule continue and the global batch changes: `checkpoint/resize.py`)."""
 
 from __future__ import annotations
 
@@ -19,25 +19,25 @@ import torch
 import vla_overlap
 
 from ..__about__ import __version__
-from .._async_save import BackgroundWrite, SaveLog
-from .._base import describe as describe_base
-from .._checkpoint import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
-from .._config import TrainConfig
-from .._config_io import config_to_dict, read_config_file
-from .._dataset_fingerprint import meta_digest, write_fingerprint
 from .._distributed import DistEnv
 from .._errors import CheckpointError
-from .._mixture import run_fingerprint
 from .._parts import TrainParts
-from .._resize import resize_records, resized_data_state, stream_seed
-from .._resume_changes import as_records, config_changes
 from .._rng import rng_state, seed_everything, set_rng_state
 from .._run_checks import check_weights_finite
 from .._schedule import CosineSchedule
-from .._staging import Staging, expected_bytes
-from .._weights import WEIGHTS, ModelView, elsewhere, plan_weights, read_record
-from .data import DataComponent
-from .model import ModelComponent
+from ..config.io import config_to_dict, read_config_file
+from ..config.sections import TrainConfig
+from ..data.component import DataComponent
+from ..data.fingerprint import meta_digest, write_fingerprint
+from ..data.mixture import run_fingerprint
+from ..model.component import ModelComponent
+from .async_save import BackgroundWrite, SaveLog
+from .base import describe as describe_base
+from .checkpointer import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
+from .resize import resize_records, resized_data_state, stream_seed
+from .resume_changes import as_records, config_changes
+from .staging import Staging, expected_bytes
+from .weights import WEIGHTS, ModelView, elsewhere, plan_weights, read_record
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class CheckpointComponent:
         """This session's saves: the loop's stall, write seconds and bytes, failures (summary.json)."""
         self._inflight: BackgroundWrite | None = None
         self.staging = Staging(env.device)
-        """Host copies of a save's state, into a pool reused by every save (`_staging`)."""
+        """Host copies of a save's state, into a pool reused by every save (`checkpoint.staging`)."""
         self.saves.update_wait_s = self.staging.update_wait_s  # one list: the staging appends to it
         self._update_hook = None
 
@@ -246,7 +246,7 @@ class CheckpointComponent:
     def resume(self, path: Path) -> tuple[int, int]:
         """Load model, optimizer, random streams and data position from `path`; returns (step, samples
         seen). claim_run chose `path` (the newest intact checkpoint) and checked it fits this run; at another
-        world size the ranks' states are shared out again (`_resize`)."""
+        world size the ranks' states are shared out again (`checkpoint.resize`)."""
         saved_world = int(read_trainer_state(path).get("world_size", 1))
         resized = saved_world != self.env.world_size
         loaded = self.checkpointer.load(path, own_rank_state=not resized)

@@ -11,7 +11,7 @@ under `torch.autograd.graph.saved_tensors_hooks` and attributes every tensor aut
 once) to the block that saved it, at two batch sizes; the difference is one sample's. The table holds that
 count for the tiny preset with n1.6-3b's width ratios, eager, on a CPU. On a GPU the blocks are compiled and
 attention runs in flash kernels, which keep less: `benchmarks/memory_budget.py` measures the ratio of what
-the GPU keeps to this count and rewrites `memory_calibration.json` (`CALIBRATION_FILE`) with it."""
+the GPU keeps to this count and rewrites `calibration.json` (`CALIBRATION_FILE`) with it."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ what a recomputed block keeps (its inputs) per unit of its kind. Source: `count_
 tiny preset with llm_intermediate_size 192 (n1.6-3b's 3 x width), action_horizon 16 and 8, two cameras,
 eager fp32 on a CPU, 2026-12-03 (elements of 4 bytes); tests/gr00t_train/test_memory_plan.py counts again."""
 
-CALIBRATION_FILE = Path(__file__).with_name("memory_calibration.json")
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 """What the GPU measurements say beside the CPU count: `gpu_factor`, what a CUDA run keeps (compiled blocks,
 flash attention, bf16 autocast) over the eager count of `SAVED_PER_UNIT` in the same element size;
 `cuda_workspace_gib`, allocated memory beside states and activations (cuBLAS workspaces, compiled kernels'

@@ -1,18 +1,18 @@
 """The training configuration: nested dataclasses, validated on construction.
 
 Every field has a default, can be set from a TOML/YAML file and overridden on the command line with
-`--set section.field=value` (see `_config_io`). Errors name the dotted field and the allowed values."""
+`--set section.field=value` (see `config.io`). Errors name the dotted field and the allowed values."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ._mixture import MixtureEntry, check_mixture
-from ._optimizations import OptimizationsConfig
-from .config.types import Section as _Section
-from .config.types import require
-from .prefix_cache.config import PrefixCacheConfig
+from ..data.mixture import MixtureEntry, check_mixture
+from ..prefix_cache.config import PrefixCacheConfig
+from .optimizations import OptimizationsConfig
+from .types import Section as _Section
+from .types import require
 
 
 @dataclass(kw_only=True)

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from ._config import TrainConfig
-from ._config_io import config_from_dict, config_to_dict
-from ._errors import ConfigError
-from ._optimizations import resolve_optimizations
+from .._errors import ConfigError
+from ..config.io import config_from_dict, config_to_dict
+from ..config.optimizations import resolve_optimizations
+from ..config.sections import TrainConfig
 
 HARMLESS = (
     "output_dir", "device", "model.checkpoint", "checkpoint.", "logging.", "eval.", "memory.recompute",

@@ -14,12 +14,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .._config import TrainConfig
 from .._distributed import DistEnv
 from .._errors import DataError
 from .._parts import Batch, BatchSource
-from ..data import dataset as _data
+from ..config.sections import TrainConfig
 from ..metrics.timing import StepTimer
+from . import dataset as _data
 
 log = logging.getLogger(__name__)
 

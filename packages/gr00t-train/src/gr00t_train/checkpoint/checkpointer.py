@@ -6,7 +6,7 @@ A manifest of sizes and hashes lets a resume skip a damaged checkpoint for the n
 Layout of `<dir>/step_000100/`:
     model files          written by the model's own saver (gr00t_model: config.json + model.safetensors),
                          only the tensors neither the base nor the optimizer state holds
-    weights.json         where the other tensors come from (`_weights.py`)
+    weights.json         where the other tensors come from (`checkpoint/weights.py`)
     train_config.json    the resolved training config
     trainer_state.json   step, samples seen, world size, lr schedule, metrics
     optimizer.pt         optimizer state (rank 0; vla_overlap's ZeRO-1 state_dict is gathered, full size)
@@ -15,7 +15,7 @@ Layout of `<dir>/step_000100/`:
 
 A save is `begin` (every rank, main thread: rank 0 makes the temporary folder, then a barrier) and `write`
 (every rank its own files, then a marker file; rank 0 waits for the markers, then writes the manifest and
-renames): `write` runs no collective, so it can run in a background thread beside training (`_async_save`).
+renames): `write` runs no collective, so it can run in a background thread beside training (`checkpoint.async_save`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint_files import _fsync_dir, _fsync_tree, _torch_load, _torch_save, _write_json
-from ._errors import CheckpointError
-from ._manifest import MANIFEST, check_manifest, write_manifest
-from ._save_errors import save_error
+from .._errors import CheckpointError
+from .files import _fsync_dir, _fsync_tree, _torch_load, _torch_save, _write_json
+from .manifest import MANIFEST, check_manifest, write_manifest
+from .save_errors import save_error
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 TRAIN_CONFIG = "train_config.json"
 DATASET_FINGERPRINT = "dataset_meta_sha256"
-"""trainer_state.json key: `_dataset_fingerprint.meta_digest` of the run's dataset (older checkpoints hold only
+"""trainer_state.json key: `data.fingerprint.meta_digest` of the run's dataset (older checkpoints hold only
 this; newer ones also the whole fingerprint, in `dataset_fingerprint.json`)."""
 RANK_TIMEOUT_S = 600.0
 """How long rank 0 waits for the other ranks' parts of a checkpoint once its own are written."""
