@@ -12,9 +12,8 @@ A check that fails in itself (a crashed decoder) is a problem of its file, never
 from __future__ import annotations
 
 import multiprocessing
-import re
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,34 +25,14 @@ from ..dataset.index_check import unindexed_episodes
 from ..dataset.meta import DatasetMeta
 from ..dataset.table import FrameTable, index_ranges, unknown_task_reason, unknown_task_rows
 from .check_shapes import column_findings, size_findings
+from .check_video import TOLERANCE_S, Result, VideoJob, check_episode_video, plan_video_jobs, run_video_job
 from .ffmpeg import resolve_backend
-from .readers import BACKENDS, open_reader
+from .problem import Problem
+from .readers import BACKENDS
 
-CHUNK = 32  # frames decoded per request; a failing chunk is retried frame by frame to find the bad ones
-TOLERANCE_S = 1e-4  # LeRobotDataset's default: a frame must come back at its expected time within this
+_check_video = check_episode_video  # looked up at each call, so a test can make one episode's check fail
+_RESULTS: Any = None  # in a worker process: the queue each video episode's result goes to
 EMPTY = "length 0 in the episodes index: LeRobotDataset skips it, with a warning"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem: where (file, episode, key, episode frames) and what."""
-
-    file: str
-    episode: int | None
-    key: str | None
-    frames: str
-    reason: str
-
-    def line(self) -> str:
-        """One line for the report."""
-        where = [self.file]
-        if self.episode is not None:
-            where.append(f"episode {self.episode}")
-        if self.key:
-            where.append(f"key {self.key!r}")
-        if self.frames:
-            where.append(f"frames {self.frames}")
-        return ", ".join(where) + f": {self.reason}"
 
 
 @dataclass
@@ -108,32 +87,25 @@ def check_dataset(
         for ep in meta.episodes
         if ep.length == 0
     ]
-    jobs: list[tuple[Any, ...]] = []
     by_file: dict[Path, list[int]] = {}
     for pos, ep in enumerate(meta.episodes):
         if ep.length > 0:
             by_file.setdefault(ep.data_path, []).append(pos)
-    jobs += [("data", str(meta.root), positions) for positions in by_file.values()]
-    videos = 0
-    for ep in meta.episodes:
-        for key, span in ep.videos.items() if ep.length > 0 else ():
-            first = int(round(span.from_timestamp * meta.fps))
-            own_file = ep.dataset_from_index is None
-            jobs.append(
-                ("video", str(span.path), ep.index, key, first, ep.length, meta.fps, own_file, video_backend)
-            )
-            videos += 1
+    workers = workers or multiprocessing.cpu_count()
+    video_jobs = plan_video_jobs(meta, video_backend, workers)
+    jobs: list[Any] = [("data", str(meta.root), positions) for positions in by_file.values()] + video_jobs
     decoded = 0
     facts: dict[str, list] = {"data": [], "video": []}
-    for found, frames, fact in _run_jobs(jobs, workers, progress):
+    for found, frames, job_facts in _run_jobs(jobs, workers, progress):
         problems += [Problem(_rel(meta, Path(p.file)), p.episode, p.key, p.frames, p.reason) for p in found]
         decoded += frames
-        if fact is not None:
+        for fact in job_facts:
             facts[fact[0]].append(fact[1:])
     findings = column_findings(meta, facts["data"]) + size_findings(meta, facts["video"])
     problems += [Problem(_rel(meta, Path(file)), *rest) for file, *rest in findings]
     problems.sort(key=lambda p: (p.file, p.episode if p.episode is not None else -1, p.key or ""))
     elapsed = time.perf_counter() - started
+    videos = len({(job.path, job.key) for job in video_jobs})
     return CheckReport(meta.root, len(meta.episodes), len(by_file), videos, decoded, elapsed, problems)
 
 
@@ -141,48 +113,88 @@ def _rel(meta: DatasetMeta, path: Path) -> str:
     return str(path.relative_to(meta.root)) if path.is_relative_to(meta.root) else str(path)
 
 
-def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, progress: bool):
+def _run_jobs(jobs: list[Any], workers: int, progress: bool):
+    """Run `jobs` (in `workers` processes, or here for 1) and yield results: one per data file, one per
+    episode and camera. The bar counts episodes checked: each episode once for its rows, once per camera."""
     from tqdm.auto import tqdm
 
-    workers = workers or multiprocessing.cpu_count()
-    bar = tqdm(total=len(jobs), desc="checking", unit="file", disable=not progress)
+    bar = tqdm(total=sum(_size(job) for job in jobs), desc="checking", unit="episode", disable=not progress)
     if workers <= 1:
         for job in jobs:
-            yield _run_job(job)
-            bar.update()
+            yield from _run_here(job, bar)
         bar.close()
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(_run_job, job): job for job in jobs}
-        for future in as_completed(futures):
-            try:
-                yield future.result()
-            except Exception as err:  # the process died (a decoder crash): its file is a problem
-                yield _failed(futures[future], f"the checking process died ({type(err).__name__}: {err})")
-            bar.update()
+    queue = context.SimpleQueue()  # put() writes before it returns: nothing a dying worker sent is lost
+    received: dict[int, set[int]] = {}  # video episodes whose results arrived, per job
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_set_queue, initargs=(queue,)) as pool:
+        futures = {pool.submit(_run_job, number, job): number for number, job in enumerate(jobs)}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            while not queue.empty():  # drained after `wait`: a finished job's episodes are all here
+                number, episode, result = queue.get()
+                received.setdefault(number, set()).add(episode)
+                bar.update()
+                yield result
+            for future in done:
+                job = jobs[futures[future]]
+                try:
+                    result = future.result()
+                except Exception as err:  # the process died (a decoder crash): its unfinished episodes
+                    reason = f"the checking process died ({type(err).__name__}: {err})"
+                    result = _failed(job, reason, received.get(futures[future], set()))
+                if result is not None:
+                    bar.update(len(result[0]) if isinstance(job, VideoJob) else _size(job))
+                    yield result
     bar.close()
 
 
-def _run_job(job: tuple[Any, ...]) -> tuple[list[Problem], int, tuple | None]:
+def _size(job: Any) -> int:
+    return job.size if isinstance(job, VideoJob) else len(job[2])
+
+
+def _set_queue(queue: Any) -> None:
+    global _RESULTS
+    _RESULTS = queue
+
+
+def _run_here(job: Any, bar: Any):
+    """Run one job in this process, yielding its results."""
+    if not isinstance(job, VideoJob):
+        yield _run_job(0, job)
+        bar.update(_size(job))
+        return
+    results: list[Result] = []
+    run_video_job(job, _check_video, lambda episode, result: (results.append(result), bar.update()))
+    yield from results
+
+
+def _run_job(number: int, job: Any) -> Result | None:
+    """A data job returns its result; a video job (in a worker process) puts each episode's on the queue."""
+    if isinstance(job, VideoJob):
+        run_video_job(job, _check_video, lambda episode, result: _RESULTS.put((number, episode, result)))
+        return None
     try:
-        return _check_data(*job[1:]) if job[0] == "data" else _check_video(*job[1:])
+        return _check_data(*job[1:])
     except Exception as err:
         return _failed(job, f"the check failed ({type(err).__name__}: {err})")
 
 
-def _failed(job: tuple[Any, ...], reason: str) -> tuple[list[Problem], int, None]:
-    """A job that could not finish, as a problem naming its file (and episode and key for a video)."""
-    if job[0] == "data":
-        meta = DatasetMeta(job[1])
-        episodes = [meta.episodes[p] for p in job[2]]
-        episode = episodes[0].index if len(episodes) == 1 else None
-        return [Problem(str(episodes[0].data_path), episode, None, "", reason)], 0, None
-    return [Problem(job[1], job[2], job[3], "all", reason)], 0, None
+def _failed(job: Any, reason: str, finished: set[int] = frozenset()) -> Result | None:
+    """A job that could not finish, as problems naming its file (and each unfinished episode and camera
+    of a video job), or None when every episode had been checked."""
+    if isinstance(job, VideoJob):
+        unfinished = [s for s in job.spans if s.episode not in finished]
+        return (job.failed(reason, unfinished), 0, []) if unfinished else None
+    meta = DatasetMeta(job[1])
+    episodes = [meta.episodes[p] for p in job[2]]
+    episode = episodes[0].index if len(episodes) == 1 else None
+    return [Problem(str(episodes[0].data_path), episode, None, "", reason)], 0, []
 
 
-def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int, tuple | None]:
+def _check_data(root: str, positions: list[int]) -> Result:
     """Rows of one data file: count and frame_index per episode (FrameTable's own checks), then each
     episode's rows (`_row_problems`). The fact: the file's columns (`check_shapes.column_findings`)."""
     meta = DatasetMeta(root)  # cheap, and nothing large crosses the process boundary
@@ -192,11 +204,11 @@ def _check_data(root: str, positions: list[int]) -> tuple[list[Problem], int, tu
     try:
         columns = FrameTable._read_file(str(path), episodes, positions, skip, strict=True)
     except DatasetFormatError as err:
-        return [Problem(str(path), None, None, "", str(err).removeprefix(f"{path}: "))], 0, None
+        return [Problem(str(path), None, None, "", str(err).removeprefix(f"{path}: "))], 0, []
     problems = []
     for pos, ep in zip(positions, episodes):
         problems += _row_problems(meta, str(path), ep.index, columns[pos])
-    return problems, 0, ("data", str(path), [ep.index for ep in episodes], list(columns[positions[0]]))
+    return problems, 0, [("data", str(path), [ep.index for ep in episodes], list(columns[positions[0]]))]
 
 
 def _row_problems(
@@ -244,63 +256,3 @@ def _timestamp_steps(path: str, episode: int, timestamp: np.ndarray, fps: float)
         "windows are read by row)"
     )
     return [Problem(path, episode, "timestamp", index_ranges(bad + 1), reason)]
-
-
-def _check_video(
-    path: str, episode: int, key: str, first: int, length: int, fps: float, own_file: bool, backend: str
-) -> tuple[list[Problem], int, tuple | None]:
-    """Decode every frame of one episode in one video; bad frames are reported as episode frame ranges.
-    The fact: the frame sizes decoded (`check_shapes.size_findings`)."""
-    try:
-        reader = open_reader(path, backend=backend)
-    except FileNotFoundError:
-        return [Problem(path, episode, key, "all", "video file not found")], 0, None
-    except Exception as err:
-        return [Problem(path, episode, key, "all", f"cannot open: {err}".replace(f"{path}: ", ""))], 0, None
-    problems = []
-    count = reader.num_frames
-    if count < first + length or (own_file and count != length):
-        problems.append(Problem(
-            path, episode, key, "",
-            f"the video has {count} frames but the episode needs frames {first}..{first + length - 1} ({length} rows)",
-        ))  # fmt: skip
-    bad: dict[int, str] = {}
-    sizes: dict[tuple[int, int], list[int]] = {}
-    decoded = 0
-    for start in range(first, first + length, CHUNK):
-        wanted = list(range(start, min(start + CHUNK, first + length)))
-        try:
-            decoded += _decode(reader, wanted, fps, bad, sizes)
-        except Exception:
-            for index in wanted:  # find exactly which frames fail
-                try:
-                    decoded += _decode(reader, [index], fps, bad, sizes)
-                except Exception as err:
-                    bad[index] = f"{type(err).__name__}: {err}".replace(f"{path}: ", "")
-    by_kind: dict[str, tuple[str, list[int]]] = {}  # errors that differ only in their numbers go together
-    for index, reason in sorted(bad.items()):
-        by_kind.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), (reason, []))[1].append(index - first)
-    for reason, frames in by_kind.values():
-        problems.append(
-            Problem(path, episode, key, index_ranges(frames), f"{len(frames)} frame(s) fail, e.g. {reason}")
-        )
-    in_episode = {size: [i - first for i in frames] for size, frames in sizes.items()}
-    return problems, decoded, ("video", path, episode, key, in_episode)
-
-
-def _decode(
-    reader: Any, indices: list[int], fps: float, bad: dict[int, str], sizes: dict[tuple[int, int], list[int]]
-) -> int:
-    """Decode `indices`; frames outside the file or at the wrong time go into `bad`, each frame's index
-    under its (height, width) into `sizes`. Returns frames decoded."""
-    inside = [i for i in indices if i < reader.num_frames]
-    for i in indices[len(inside) :]:
-        bad[i] = "beyond the end of the video"
-    if not inside:
-        return 0
-    frames, pts = reader.frames_at(inside)
-    sizes.setdefault(tuple(frames.shape[-2:]), []).extend(inside)
-    for i, t in zip(inside, np.asarray(pts, dtype=np.float64)):
-        if abs(t - i / fps) > TOLERANCE_S:
-            bad[i] = f"decoded at {t:.4f} s instead of {i / fps:.4f} s"
-    return len(inside)
