@@ -6,7 +6,11 @@ a task of the tasks file, timestamps 1/fps apart), each camera's video (it opens
 frames, every frame decodes at its expected time). Across files (`check_shapes`): features info.json
 declares that data files lack, frames at another size than their camera's (or a camera at another size
 than declared). And episodes with no frames, or with data but missing from the episodes index.
-A check that fails in itself (a crashed decoder) is a problem of its file, never the end of the report.
+A check that fails in itself (a crashed decoder) is a problem of its episode, never the end of the report.
+
+Jobs: one per data file, and one per (video file, camera) that opens the file once for all its episodes
+(`check_video`: a v3.0 file holds hundreds); the progress bar counts episodes, once for the rows and once
+per camera.
 """
 
 from __future__ import annotations
@@ -118,7 +122,12 @@ def _run_jobs(jobs: list[Any], workers: int, progress: bool):
     episode and camera. The bar counts episodes checked: each episode once for its rows, once per camera."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=sum(_size(job) for job in jobs), desc="checking", unit="episode", disable=not progress)
+    bar = tqdm(
+        total=sum(_size(job) for job in jobs),
+        desc="checking rows and cameras",
+        unit="episode",
+        disable=not progress,
+    )
     if workers <= 1:
         for job in jobs:
             yield from _run_here(job, bar)
