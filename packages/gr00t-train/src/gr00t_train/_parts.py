@@ -80,9 +80,9 @@ class TrainParts:
     """Parameters whose rows (dim 0) each sample picks by the batch's values under this key (per-category
     tables): rows no batch touched get zero gradients, and the flat optimizer skips them
     (optimizations.skip_untouched_rows)."""
-    validation: HeldOut | None = None
+    validation: HeldOut | list[HeldOut] | None = None
     """The held-out samples and how the model predicts them, scored every `eval.every` steps and after the
-    last (`validation/component.py`); None = no validation."""
+    last (`validation/component.py`); a list: a mixture's members, each scored on its own; None = none."""
     base: BaseWeights | None = None
     """Where the model's frozen weights were loaded from (model.checkpoint) and which state-dict keys that
     folder provided: checkpoints record it by path and hash instead of writing those tensors (`checkpoint/weights.py`).

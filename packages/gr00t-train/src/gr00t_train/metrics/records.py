@@ -227,7 +227,8 @@ class MetricsLogger:
             self._bar.update(last.step - self._bar.n)
 
     def log_validation(self, record: dict[str, Any]) -> None:
-        """Record a validation (`"kind": "val"`): a JSONL line and `val/...` TensorBoard scalars."""
+        """Record a validation (`"kind": "val"`): a JSONL line and `val/...` TensorBoard scalars (a mixture's
+        members under `val/<member>/...`)."""
         self._val_ratio = record["ratio"]
         if not self.enabled:
             return
@@ -239,6 +240,10 @@ class MetricsLogger:
                 self._tb.add_scalar(f"val/{name}", record[name], step)
                 for group, scores in record["groups"].items():
                     self._tb.add_scalar(f"val/{group}/{name}", scores[name], step)
+                for member, scores in record.get("members", {}).items():  # a mixture: each dataset's own
+                    self._tb.add_scalar(f"val/{member}/{name}", scores[name], step)
+                    for group, group_scores in scores["groups"].items():
+                        self._tb.add_scalar(f"val/{member}/{group}/{name}", group_scores[name], step)
 
     def close(self) -> None:
         """Flush and close outputs."""

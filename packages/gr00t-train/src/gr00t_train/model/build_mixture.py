@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 def build_mixture_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     """Members' metadata, features and splits (before the model) -> the model -> the members opened, their
-    processors and the mixture pipeline; validation scores the first member's held-out episodes."""
+    processors and the mixture pipeline; validation scores each member's held-out episodes (one HeldOut per
+    member that holds some out, as its single-dataset run would prepare them)."""
     plans = _mixture_data.plan_mixture(cfg)  # metadata only: a member that cannot be used stops here
     facts = _gr00t.start_facts(cfg)
     tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
@@ -50,7 +51,11 @@ def build_mixture_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     )  # fmt: skip
     save = lambda module, folder: _mixture_data.save_mixture_meta(module, folder, mix)  # noqa: E731
     parts = model_parts(cfg, env, model, source, save, flops, tokens)
-    parts.validation = _validation.load_held_out(member_config(cfg, 0), env, first, processors[0], model)
+    held = [
+        _validation.load_held_out(member_config(cfg, i), env, member, processor, model, name=entry.label)
+        for i, (entry, member, processor) in enumerate(zip(mix.entries, mix.members, processors))
+    ]
+    parts.validation = [h for h in held if h is not None] or None
     parts.base = _gr00t.base_weights(model)
     parts.facts = {
         **facts,

@@ -6,7 +6,11 @@ reads its own preloaded samples (the training pipeline's order is untouched), dr
 seeded generators with every random stream of the process saved and restored around it, runs without
 gradients, outside any CUDA graph and with compiled blocks eager (`EVAL_STANCE`), and puts every module back
 in the training mode it had. Ranks split the batches (rank r scores batches r, r + world size, ...) and
-all-reduce the sums: every rank calls `run` at the same steps."""
+all-reduce the sums: every rank calls `run` at the same steps.
+
+A `data.mixture` run (`TrainParts.validation` a list, one HeldOut per member with held-out episodes) scores
+each member's own eval.batches batches against its own baseline; the record adds `members` (each member's
+scores) and its overall MSE and baseline are their sample-weighted means (`held_out.mixture_scores`)."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import torch
 from .._distributed import DistEnv
 from .._parts import TrainParts
 from ..config.sections import TrainConfig
-from .held_out import ActionErrors, isolated_rng, score_line
+from .held_out import ActionErrors, HeldOut, isolated_rng, mixture_scores, score_line
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +45,16 @@ class ValidationComponent:
     def __init__(self, cfg: TrainConfig, env: DistEnv, parts: TrainParts, model) -> None:
         """`model` is the Trainer's ModelComponent (the wrapped module, the optimizer's side stream)."""
         self.cfg, self.env, self.parts, self.model = cfg, env, parts, model
-        self.held_out = parts.validation if cfg.eval.every > 0 else None
-        self._cached: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
-        self._per_call = SAMPLES_PER_CALL
+        held = parts.validation if cfg.eval.every > 0 else None
+        self.mixture = isinstance(held, list)
+        self.held_out: list[HeldOut] = held if self.mixture else [held] if held is not None else []
+        """One HeldOut per scored dataset (a mixture's members with held-out episodes)."""
+        self._cached: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor, int]] = {}
 
     @property
     def on(self) -> bool:
         """Held-out samples exist and eval.every > 0."""
-        return self.held_out is not None
+        return bool(self.held_out)
 
     def due(self, step: int) -> bool:
         """Validate after optimizer step `step`: every eval.every steps and after the last."""
@@ -64,40 +70,47 @@ class ValidationComponent:
         modes = [(module, module.training) for module in wrapper.modules()]
         wrapper.eval()  # vla_overlap's finishes pending parameter gathers here: a collective, on every rank
         try:
-            errors = self._score()
+            errors = [self._score(i, held) for i, held in enumerate(self.held_out)]
         finally:
             wrapper.train()
             for module, training in modes:  # exactly as before (a frozen DiT stays in eval mode)
                 module.training = training
-        errors.all_reduce()
+        for member in errors:
+            member.all_reduce()
         self._synchronize()
         seconds = time.perf_counter() - started
-        record = {"kind": "val", "step": step, "seconds": seconds, **errors.scores()}
+        if self.mixture:
+            scores = mixture_scores({h.name: e.scores() for h, e in zip(self.held_out, errors)})
+        else:
+            scores = errors[0].scores()
+        record = {"kind": "val", "step": step, "seconds": seconds, **scores}
         if self.env.is_main:
             log.info(
                 "validation at step %d: %s over %d held-out samples (%.2f s)",
                 step, score_line(record), record["samples"], seconds,
             )  # fmt: skip
+            for name, member in record.get("members", {}).items():
+                log.info("  %s: %s over %d samples", name, score_line(member), member["samples"])
         return record
 
-    def _score(self) -> ActionErrors:
-        held, device = self.held_out, self.env.device
-        inputs, noise = self._inputs()
+    def _score(self, index: int, held: HeldOut) -> ActionErrors:
+        device = self.env.device
+        inputs, noise, per_call = self._inputs(index, held)
         errors = ActionErrors(held.columns, device)
         baseline = held.baseline.to(device)
         with isolated_rng(device), torch.compiler.set_stance(EVAL_STANCE), torch.no_grad():
-            for start in range(0, len(noise), self._per_call):
-                part = slice(start, start + self._per_call)
+            for start in range(0, len(noise), per_call):
+                part = slice(start, start + per_call)
                 batch = {k: v[part].to(device, non_blocking=True) for k, v in inputs.items()}
                 predicted = held.predict(self.parts.model, batch, noise[part].to(device, non_blocking=True))
                 errors.add(predicted, batch["action"], baseline, batch["action_mask"])
         return errors
 
-    def _inputs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """This rank's held-out batches and their noise, concatenated once (pinned for the copy on CUDA):
-        eager inference at a training batch size is launch-bound, so larger calls cost less in all."""
-        if self._cached is None:
-            held = self.held_out
+    def _inputs(self, index: int, held: HeldOut) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+        """This rank's held-out batches of one dataset and their noise, concatenated once (pinned for the copy
+        on CUDA), and the samples per predict call: eager inference at a training batch size is launch-bound,
+        so larger calls cost less in all."""
+        if index not in self._cached:
             keys = (
                 [k for k, v in held.batches[0].items() if isinstance(v, torch.Tensor)] if held.batches else []
             )
@@ -108,9 +121,9 @@ class ValidationComponent:
             noise = torch.cat(noises) if noises else torch.zeros(0)
             if self.env.device.type == "cuda":
                 inputs, noise = {k: v.pin_memory() for k, v in inputs.items()}, noise.pin_memory()
-            self._cached = inputs, noise
-            self._per_call = max(SAMPLES_PER_CALL, max((len(b["action"]) for b in held.batches), default=1))
-        return self._cached
+            per_call = max(SAMPLES_PER_CALL, max((len(b["action"]) for b in held.batches), default=1))
+            self._cached[index] = inputs, noise, per_call
+        return self._cached[index]
 
     def _synchronize(self) -> None:
         if self.env.device.type == "cuda":

@@ -9,7 +9,10 @@ normalized scale the model predicts (infer adds dataset units). The baseline pre
 chunk, the per-joint mean action of the run's normalization statistics (`mean` in stats.json: the dataset's
 own statistics, or computed once from all of its rows, held-out episodes included), normalized as the targets
 are: min/max groups map the mean into [-1, 1] as they map actions, mean/std groups give 0. `ratio` = model MSE
-/ baseline MSE: below 1 the model predicts better than the mean."""
+/ baseline MSE: below 1 the model predicts better than the mean.
+
+A `data.mixture` run scores every member on its own held-out samples against its own baseline (its own
+statistics); its overall MSE and baseline are the sample-weighted means of the members' (`mixture_scores`)."""
 
 from __future__ import annotations
 
@@ -165,6 +168,18 @@ def _score(model: float, baseline: float, entries: float) -> dict[str, float]:
     return {"mse": mse, "baseline": base, "ratio": mse / base if base > 0 else math.nan}
 
 
+def mixture_scores(members: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A mixture's record from its members' `ActionErrors.scores()`: overall MSE and baseline are the members'
+    weighted by their samples (so `ratio` reads as a single dataset's), `groups` stays per member (members'
+    joint groups are their embodiments' own), `members` holds each member's scores."""
+    samples = sum(s["samples"] for s in members.values())
+    counted = [s for s in members.values() if s["samples"]]
+    mse = sum(s["samples"] * s["mse"] for s in counted) / samples if samples else math.nan
+    base = sum(s["samples"] * s["baseline"] for s in counted) / samples if samples else math.nan
+    overall = {"mse": mse, "baseline": base, "ratio": mse / base if base > 0 else math.nan}
+    return {**overall, "samples": samples, "groups": {}, "members": members}
+
+
 def score_line(scores: dict[str, Any]) -> str:
     """`MSE 0.0123 vs 0.0456 predicting the mean (ratio 0.27)`: overall, normalized scale."""
     return (
@@ -193,6 +208,8 @@ class HeldOut:
     seed: int
     episodes: list[int]
     """The held-out episodes (episode_index)."""
+    name: str = ""
+    """A mixture member's label (its scores are recorded under it); "" for a single dataset."""
 
     def noise(self, batch_id: int, size: int, device: torch.device) -> torch.Tensor:
         """The batch's noise: from its own generator, the same at every validation and on any device."""
@@ -219,10 +236,11 @@ def choose_frames(available: int, wanted: int, seed: int) -> list[int]:
     return sorted(int(i) for i in rng.choice(available, size=wanted, replace=False))
 
 
-def load_held_out(cfg, env, data, processor, model) -> HeldOut | None:
+def load_held_out(cfg, env, data, processor, model, name: str = "") -> HeldOut | None:
     """The held-out samples of a GR00T run (`data.split`), decoded once and prepared as training prepares a
     batch (the processor, then the image transform with a centre crop and no jitter), this rank's share of
-    `eval.batches` batches; None without held-out episodes or with eval.every=0."""
+    `eval.batches` batches; None without held-out episodes or with eval.every=0. A mixture member (`name`,
+    `cfg` its single-dataset view) gets the samples and noise its own single-dataset run would."""
     import vla_io
 
     from ..data.dataset import KEEP_KEYS, host_transform, image_transform
@@ -252,8 +270,8 @@ def load_held_out(cfg, env, data, processor, model) -> HeldOut | None:
         batches = [images(to_model(reader.get_batch(chunks[i]))) for i in mine]
     batches = [{k: v for k, v in b.items() if k in KEEP_KEYS} for b in batches]
     log.info(
-        "validation set: %d samples of the held-out episodes in %d batch(es), prepared in %.1f s",
-        len(chosen), len(chunks), time.perf_counter() - started,
+        "validation set%s: %d samples of the held-out episodes in %d batch(es), prepared in %.1f s",
+        f" of {name}" if name else "", len(chosen), len(chunks), time.perf_counter() - started,
     )  # fmt: skip
     c = model.config
     return HeldOut(
@@ -265,6 +283,7 @@ def load_held_out(cfg, env, data, processor, model) -> HeldOut | None:
         noise_shape=(c.action_horizon, c.max_action_dim),
         seed=cfg.seed,
         episodes=list(split.held_out),
+        name=name,
     )
 
 
