@@ -9,6 +9,7 @@ step on a side stream while the next step's work that reads no trainable paramet
 from .__about__ import __version__
 from ._config import OverlapConfig
 from ._layout import Layout, plan_layout
+from ._moments8 import MOMENT_BYTES
 from ._optimizer import DistributedAdamW
 from ._sync import GradSync, OverlapGradSync
 from ._update_stream import UpdateStream
@@ -18,6 +19,7 @@ __all__ = [
     "DistributedAdamW",
     "GradSync",
     "Layout",
+    "MOMENT_BYTES",
     "OverlapConfig",
     "OverlapDataParallel",
     "OverlapGradSync",

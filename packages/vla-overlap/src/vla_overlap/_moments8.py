@@ -53,6 +53,8 @@ W_FLOOR = 2.0**-50
 and a state dict's v gives back w exactly)."""
 BYTES_PER_ELEMENT = 2 + 2 * 4 / QBLOCK
 """Both moments, codes and scales, per trainable element (fp32 moments: 8)."""
+MOMENT_BYTES = {"fp32": 8.0, "int8": BYTES_PER_ELEMENT}
+"""Bytes of both AdamW moments per stepped element, by `DistributedAdamW(moments=...)`: for memory planners."""
 
 
 def levels(count: int, device: torch.device | str = "cpu") -> torch.Tensor:

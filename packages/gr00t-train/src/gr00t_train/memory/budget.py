@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._comm import adam_moments
 from .._errors import ConfigError
 from ..config.sections import TrainConfig
 from .activations import shapes_of
@@ -207,7 +208,7 @@ def resolved_moments(cfg: TrainConfig) -> str:
             f"int8 moments live in ZeRO-1's DistributedAdamW: needs optimizations.comm=zero1_overlap, the run "
             f"has {cfg.optimizations.comm}",
         )
-    return "fp32" if value == "auto" else value
+    return adam_moments(cfg)
 
 
 def ladder(cfg: TrainConfig) -> tuple[list, list[str]]:

@@ -25,8 +25,6 @@ COMPONENTS = (
     "frozen_weights", "trainable_weights", "masters", "moments", "gradients", "activations", "workspace",
 )  # fmt: skip
 GiB = 2**30
-INT8_BLOCK = 64
-"""Elements per fp32 scale of vla-overlap's block-wise 8-bit moments (its _moments8.QBLOCK)."""
 _PREPARED = ("prepared_weight", "prepared_bias", "fp8_weight", "fp8_scale")
 """Tensors gr00t-model's FrozenLinear holds beside its parameters (its GEMM-ready copies)."""
 
@@ -52,9 +50,9 @@ class Prediction:
 
 def moment_bytes_per_element(moments: str) -> float:
     """Bytes of both AdamW moments per stepped element: fp32, or int8 with one fp32 scale per block."""
-    if moments not in ("fp32", "int8"):  # "auto" must be resolved first (_comm.adam_moments)
-        raise ValueError(f"moments must be fp32 or int8, got {moments!r}")
-    return 8.0 if moments == "fp32" else 2.0 + 2 * 4.0 / INT8_BLOCK
+    if moments not in vla_overlap.MOMENT_BYTES:  # "auto" must be resolved first (_comm.adam_moments)
+        raise ValueError(f"moments must be one of {sorted(vla_overlap.MOMENT_BYTES)}, got {moments!r}")
+    return vla_overlap.MOMENT_BYTES[moments]
 
 
 def frozen_bytes(model: nn.Module) -> int:
