@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import gr00t_model
 import gr00t_train
@@ -12,6 +15,19 @@ from gr00t_train import ConfigError, Trainer
 from gr00t_train.model import gr00t as adapter
 
 CPU = torch.device("cpu")
+
+
+def _load_sources():
+    """The data sources shared with the other GR00T test files (tests are not a package)."""
+    name = "gr00t_train_test_sources"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_sources.py"))
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+DummySource = _load_sources().DummySource
 
 
 @pytest.fixture(scope="module")
@@ -33,34 +49,6 @@ def _cfg(tmp_path, *overrides):
         ],
     )
     return gr00t_train.apply_overrides(base, list(overrides))
-
-
-class DummySource:
-    """Processor-shaped batches from gr00t_model.make_dummy_batch, a fixed cycle of 4."""
-
-    def __init__(self, config, batch_size):
-        self.batches = [
-            gr00t_model.make_dummy_batch(config, batch_size, num_images=2, seed=i) for i in range(4)
-        ]
-        self.position = 0
-
-    def __next__(self):
-        batch = dict(self.batches[self.position % 4])
-        batch["episode_index"] = torch.full((batch["state"].shape[0],), self.position)
-        self.position += 1
-        return batch
-
-    def state_dict(self):
-        return {"position": self.position}
-
-    def load_state_dict(self, state):
-        self.position = state["position"]
-
-    def timings(self):
-        return {}
-
-    def close(self):
-        pass
 
 
 def _parts(cfg, tokenizer):
