@@ -173,3 +173,62 @@ def moments8_refusals(ctx: Any) -> dict[str, Any]:
     out["auto_kernel"] = auto.flat.kernel if not torch.cuda.is_available() else "torch"
     out["moments"] = auto.moments
     return out
+
+
+def moments8_staged_resume(ctx: Any, steps: int = 4) -> dict[str, Any]:
+    """One rank, as a checkpoint staged beside training takes it: 2 steps, `state_dict(on_device=True,
+    encoded_moments=True)` copied to fresh CPU tensors, one more step (the live buffers move on), then the
+    copy decoded (`decode_moments`) and compared with the decoded state dict taken at the save; a fresh run
+    resumed from it steps twice more, against 4 steps straight."""
+    from vla_overlap import decode_moments
+    from vla_overlap._moments8_state import ENCODED
+
+    def build() -> tuple[nn.Module, Any, DistributedAdamW, Any]:
+        module = bf16_model(mixed=True)
+        model = OverlapDataParallel(module, OverlapConfig(bucket_elements=600), process_group=ctx.group)
+        opt = DistributedAdamW(model, param_groups(module), **{**ADAMW8, "remainders": True})
+        return module, model, opt, make_scheduler(opt)
+
+    def run(parts, span: range) -> list[float]:
+        _, model, opt, sched = parts
+        return run_steps(ctx, model, opt, sched, span, 1, autocast=True, clip=0.05, dtype=torch.bfloat16)
+
+    def copy_out(node: Any) -> Any:  # what Staging does with the tree: every tensor into a storage of its own
+        if isinstance(node, torch.Tensor):
+            return node.detach().to("cpu", copy=True)
+        if isinstance(node, dict):
+            return {key: copy_out(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [copy_out(value) for value in node]
+        return node
+
+    straight = build()
+    norms = run(straight, range(steps))
+    saving = build()
+    run(saving, range(2))
+    module, _, opt, sched = saving
+    encoded = opt.state_dict(on_device=True, encoded_moments=True)
+    kinds = {key: type(value).__name__ for entry in encoded["state"].values() for key, value in entry.items()}
+    formats = {v["format"] for e in encoded["state"].values() for v in e.values() if isinstance(v, dict)}
+    staged = copy_out(encoded)
+    reference = opt.state_dict()
+    model_state = {k: v.clone() for k, v in module.state_dict().items()}
+    sched_state = sched.state_dict()
+    run(saving, range(2, 3))  # the live buffers move on; the staged copy keeps the save step
+    decoded = decode_moments(staged)
+    resumed = build()
+    resumed[0].load_state_dict(model_state)
+    resumed[2].load_state_dict(decoded)
+    resumed[3].load_state_dict(sched_state)
+    resumed_norms = run(resumed, range(2, steps))
+    return {
+        "kinds": kinds,
+        "formats": sorted(formats),
+        "encoded_format": ENCODED,
+        "decoded": _entries(decoded),
+        "reference": _entries(reference),
+        "norms": norms,
+        "resumed_norms": resumed_norms,
+        "params": params_of(straight[0]),
+        "resumed_params": params_of(resumed[0]),
+    }

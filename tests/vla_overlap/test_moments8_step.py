@@ -125,3 +125,22 @@ def test_the_kernel_gives_the_bits_of_the_torch_form() -> None:
     for case, checks in found.items():
         assert checks.pop("moved") and checks.pop("nonzero_codes") > 1000, case
         assert all(checks.values()), (case, checks)
+
+
+def test_moments_staged_as_stored_decode_later_to_the_state_dict_and_resume_exactly(pool) -> None:
+    """One rank: `state_dict(on_device=True, encoded_moments=True)` hands each moment over as its codes and
+    block scales (nothing decoded while a training loop would wait); copied out, then decoded with
+    `decode_moments` after the optimizer stepped on, they equal the decoded `state_dict()` of the save step bit
+    for bit (the decode is one fp32 multiply per element, the same on every device), and a run resumed from
+    them continues as the uninterrupted run, bit for bit."""
+    (result,) = pool.run("moments8_staged_resume", 1)
+    assert result["kinds"]["exp_avg"] == "dict" and result["kinds"]["exp_avg_sq"] == "dict"
+    assert result["kinds"]["master"] == "Tensor" and result["formats"] == [result["encoded_format"]]
+    decoded, reference = result["decoded"], result["reference"]
+    assert decoded.keys() == reference.keys()
+    assert {key for _, key in decoded} == {"master", "exp_avg", "exp_avg_sq", "step"}
+    for entry, value in reference.items():
+        assert decoded[entry].dtype == value.dtype and torch.equal(decoded[entry], value), entry
+    assert result["resumed_norms"] == result["norms"][2:]
+    for name, value in result["params"].items():
+        assert torch.equal(result["resumed_params"][name], value), name

@@ -10,6 +10,7 @@ from .__about__ import __version__
 from ._config import OverlapConfig
 from ._layout import Layout, plan_layout
 from ._moments8 import MOMENT_BYTES
+from ._moments8_state import decode_moments
 from ._optimizer import DistributedAdamW
 from ._sync import GradSync, OverlapGradSync
 from ._update_stream import UpdateStream
@@ -25,5 +26,6 @@ __all__ = [
     "OverlapGradSync",
     "UpdateStream",
     "__version__",
+    "decode_moments",
     "plan_layout",
 ]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._flat_adamw import FlatAdamW, flat_supported
-from ._moments8_state import load_state_dict8, moments_in_state
+from ._moments8_state import encoded_state_dict, load_state_dict8, moments_in_state
 from ._state import gather_state_dict, scatter_state_dict
 from ._update_stream import UpdateStream
 from ._wrapper import OverlapDataParallel
@@ -336,15 +336,22 @@ class DistributedAdamW(torch.optim.Optimizer):
             if master is not shard:
                 shard.copy_(master)
 
-    def state_dict(self, *, on_device: bool = False, keep: Callable | None = None) -> dict[str, Any]:
+    def state_dict(
+        self, *, on_device: bool = False, keep: Callable | None = None, encoded_moments: bool = False
+    ) -> dict[str, Any]:
         """Full, unsharded state keyed by parameter name (a collective: every rank must call it; every rank
         gets the same result, on CPU). Loadable at any world size and bucket size. `on_device` / `keep`:
-        the entries left on the device, or what `keep` makes of each (see _state.gather_state_dict)."""
+        the entries left on the device, or what `keep` makes of each (see _state.gather_state_dict).
+        `encoded_moments` (with `on_device`, 8-bit moments, one rank): moments as stored, for `decode_moments`
+        later (_moments8_state.encoded_state_dict; elsewhere they are decoded here)."""
         self._model.finish_param_sync()
         self._refresh_masters()
         if self.flat is not None:
             self.flat.sync_masters()
             self.flat.write_steps()
+            staged = encoded_moments and on_device and keep is None and self.moments == "int8"
+            if staged and (state := encoded_state_dict(self)) is not None:
+                return state
             if self.moments == "int8":  # decoded one bucket at a time, onto the host: moments are CPU tensors
                 with moments_in_state(self.flat):
                     return gather_state_dict(self, on_device=on_device, keep=keep)

@@ -70,7 +70,7 @@ def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to("cpu", copy=True)  # its own storage, whatever the device
 
 
-def _whole_at_one_rank(opt: DistributedAdamW) -> bool:
+def whole_at_one_rank(opt: DistributedAdamW) -> bool:
     """Whether every stepped parameter is one piece of this rank's shard (one rank: nothing to gather)."""
     layout = opt._model.layout
     return opt._comm.size == 1 and all(
@@ -83,11 +83,13 @@ def gather_state_dict(
     *,
     on_device: bool = False,
     keep: Callable[[torch.Tensor], Any] | None = None,
+    moment_entry: Callable[[int, Any, str, torch.Size], Any] | None = None,
 ) -> dict[str, Any]:
     """The full, per-parameter state (a collective at more than one rank). Entries are CPU copies; with
     `on_device`, device tensors that alias the optimizer's buffers at one rank (copy them before the next
     step changes them) and views of the gathered buckets at more; `keep` maps each such entry, as soon as it
-    exists, to what the state holds instead."""
+    exists, to what the state holds instead. `moment_entry(bucket, piece, key, shape)` (at one rank only)
+    gives each moment's entry instead of the inner AdamW's state (8-bit moments staged as stored)."""
     layout = opt._model.layout
     slots = _optimizer_slots(opt)
     position = {slot: i for i, slot in enumerate(slots)}
@@ -96,13 +98,19 @@ def gather_state_dict(
     keys = ["master"] + (_moment_keys(opt) if bool((steps >= 0).any()) else [])
     state: dict[str, dict[str, Any]] = {layout.slots[s].name: {} for s in slots}
     finish = keep or ((lambda t: t) if on_device else _to_cpu)
-    if _whole_at_one_rank(opt):
-        for _, piece, master in opt.pieces:
+    if moment_entry is not None and not whole_at_one_rank(opt):
+        raise ValueError("moment_entry needs one rank with every parameter whole in its shard")
+    if whole_at_one_rank(opt):
+        for bucket, piece, master in opt.pieces:
             entry, saved = state[layout.slots[piece.slot].name], opt.state.get(master, {})
             for key in keys:
                 if key != "master" and steps[position[piece.slot]] < 0:
                     continue
-                live = master if key == "master" else saved.get(key, torch.zeros_like(master))
+                if key != "master" and moment_entry is not None:
+                    entry[key] = moment_entry(bucket, piece, key, shapes[piece.slot])
+                    continue
+                live = master if key == "master" else saved.get(key)
+                live = torch.zeros_like(master) if live is None else live  # made only where it is missing
                 entry[key] = finish(live.view(shapes[piece.slot]))
     else:
         for bucket, spec in enumerate(layout.buckets):
