@@ -11,6 +11,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 PRESETS = ("n1.6-3b", "n1.6-code-defaults", "tiny")
 CHECKPOINTABLE = ("dit", "llm")
 """Block kinds GR00TConfig.checkpoint_blocks may name."""
+CHECKPOINT_POLICIES = ("full", "selective")
+"""What a recomputed block keeps (GR00TConfig.checkpoint_policy, `_checkpointing`)."""
 
 
 @dataclass(kw_only=True)
@@ -145,6 +147,10 @@ class GR00TConfig:
     """Trainable blocks whose activations are recomputed in the backward instead of kept (`_checkpointing`):
     "dit" (the DiT's blocks), "llm" (the trainable language-model layers). The same numbers with less memory,
     for about one more forward of those blocks."""
+    checkpoint_policy: str = "selective"
+    """What a recomputed block keeps (`_checkpointing`): "full" only its inputs, the backward running its whole
+    forward again; "selective" also the outputs of its GEMMs and attention, the backward recomputing only the
+    cheap ops between them (norms, activations, elementwise products)."""
 
     # --- default input geometry (processor and FLOP counter) ---
     image_size: tuple[int, int] = (252, 252)
@@ -158,6 +164,10 @@ class GR00TConfig:
         unknown = sorted(set(self.checkpoint_blocks) - set(CHECKPOINTABLE))
         if unknown:
             raise ValueError(f"GR00TConfig.checkpoint_blocks: {unknown} are not among {CHECKPOINTABLE}")
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise ValueError(
+                f"GR00TConfig.checkpoint_policy must be one of {CHECKPOINT_POLICIES}, got {self.checkpoint_policy!r}"
+            )
         exempt = ("tune_top_llm_layers", "image_token_id")  # may be 0; checked below
         positive = [f.name for f in dataclasses.fields(self) if f.type == "int" and f.name not in exempt]
         for name in positive:

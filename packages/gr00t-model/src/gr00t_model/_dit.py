@@ -211,6 +211,7 @@ class AlternateVLDiT(nn.Module):
             load_triton()  # here, not inside the compiled blocks
         self.grad_sum = None  # the context cast's gradient sum; compile_blocks compiles one (_context_cast)
         self.recompute = "dit" in config.checkpoint_blocks  # activation checkpointing (_checkpointing)
+        self.recompute_policy = config.checkpoint_policy
         self.norm_out = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
         self.proj_out_1 = nn.Linear(dim, 2 * dim)
         self.proj_out_2 = nn.Linear(dim, config.hidden_size)
@@ -252,19 +253,16 @@ class AlternateVLDiT(nn.Module):
             sources = context_cast.cast_for_blocks(
                 context, (len(self.transformer_blocks) + 1) // 2, self.grad_sum
             )
+        recompute = {"recompute": self.recompute, "policy": self.recompute_policy}  # (_checkpointing)
         for i, block in enumerate(self.transformer_blocks):
             keep = None if keeps is None else keeps[i]
             if i % 2:
-                tokens = run_block(
-                    block, tokens, temb, keep=keep, modulation=modulations[i], recompute=self.recompute
-                )
+                tokens = run_block(block, tokens, temb, keep=keep, modulation=modulations[i], **recompute)
             else:
                 mask = text_mask if i % self.text_period == 0 else image_mask
                 kv = kv_cache[i] if kv_cache is not None else None
                 source = context if sources is None else sources[i // 2]
-                tokens = run_block(
-                    block, tokens, temb, source, mask, kv, keep, modulations[i], recompute=self.recompute
-                )
+                tokens = run_block(block, tokens, temb, source, mask, kv, keep, modulations[i], **recompute)
         if out_modulation is None:
             out_modulation = self.proj_out_1(F.silu(temb))
         shift, scale = out_modulation.chunk(2, dim=1)

@@ -85,6 +85,7 @@ class LanguageModel(nn.Module):
         self.layers = nn.ModuleList(language_layer_class()(hf, i) for i in range(config.llm_num_layers))
         self.norm = Qwen3RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
         self.recompute = "llm" in config.checkpoint_blocks  # activation checkpointing (_checkpointing)
+        self.recompute_policy = config.checkpoint_policy
 
     def forward(self, inputs_embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[B, S, D] embeddings + [B, S] bool valid -> final-normed hidden states [B, S, D]."""
@@ -101,8 +102,9 @@ class LanguageModel(nn.Module):
             return hidden
         cos, sin, mask = self.tables(hidden, valid)
         pending = None
+        recompute = {"recompute": self.recompute, "policy": self.recompute_policy}  # (_checkpointing)
         for layer in self.layers[start:stop]:
-            hidden, pending = run_block(layer, hidden, pending, mask, (cos, sin), recompute=self.recompute)
+            hidden, pending = run_block(layer, hidden, pending, mask, (cos, sin), **recompute)
         return hidden + pending
 
     def tables(

@@ -12,6 +12,7 @@ from torch import nn
 from . import _context_cast as context_cast
 from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
+from ._checkpointing import checkpointed_forward
 from ._config import GR00TConfig
 from ._frozen_linear import gelu_into_gemm, merge_qkv, pad_mlp, use_fp8
 from ._inductor_cache import let_multi_kernels_load_from_cache
@@ -146,6 +147,15 @@ class GR00TN16(nn.Module):
         the cross-attention masks)."""
         return [*self.backbone.once_per_step(), (self.action_head, "features")]
 
+    def selectively_recomputed(self) -> list[nn.Module]:
+        """The blocks recomputed under the selective policy (checkpoint_blocks, checkpoint_policy) that
+        train; compile_blocks compiles their checkpoint with them (`_checkpointing.checkpointed_forward`)."""
+        if self.config.checkpoint_policy != "selective":
+            return []
+        dit, lm = self.action_head.model, self.backbone.language_model
+        blocks = [*(dit.transformer_blocks if dit.recompute else ()), *(lm.layers if lm.recompute else ())]
+        return [b for b in blocks if any(p.requires_grad for p in b.parameters())]
+
     def compile_blocks(self, **options: Any) -> int:
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
@@ -160,9 +170,13 @@ class GR00TN16(nn.Module):
             if "mode" not in options:
                 options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
         blocks = self.repeated_blocks()
+        selective = self.selectively_recomputed()
         for block, name in [(block, "forward") for block in blocks] + self.once_per_step():
             if name not in vars(block):
-                setattr(block, name, torch.compile(getattr(type(block), name).__get__(block), **options))
+                method = getattr(type(block), name).__get__(block)
+                if name == "forward" and block in selective:  # the checkpoint compiled with the block
+                    method, block.checkpoints_itself = checkpointed_forward(block, "selective"), True
+                setattr(block, name, torch.compile(method, **options))
         dit = self.action_head.model
         if dit.grad_sum is None:  # the DiT context cast's gradient sum: one fused kernel (_context_cast)
             dit.grad_sum = torch.compile(context_cast.sum_grads, **options)
@@ -172,6 +186,7 @@ class GR00TN16(nn.Module):
         """Undo compile_blocks: every block runs its plain forward again."""
         for block, name in [(block, "forward") for block in self.repeated_blocks()] + self.once_per_step():
             vars(block).pop(name, None)
+            vars(block).pop("checkpoints_itself", None)
         self.action_head.model.grad_sum = None
 
     def train(self, mode: bool = True) -> GR00TN16:
