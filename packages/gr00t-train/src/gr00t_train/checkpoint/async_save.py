@@ -2,6 +2,13 @@
 of every save (how long the loop stalled, how long the write took, how many bytes) for the log and
 summary.json.
 
+Per save the record splits the stall into its parts (`StallClock`: waiting for the previous write, the weights'
+finite check, which waits for the step queued on the device, staging the random and data state, the optimizer
+state and the model's tensors, the checkpoint folder), with the staging's own parts beside them (the wait for
+the host pool's reservation, the pool's growth, the device snapshot's allocation and copies, the launch of the
+host copies), and the device memory around it: `peak_before` of the first save is the steps' peak, and a
+save whose `peak_after` exceeds its `peak_before` raised the run's peak.
+
 The thread runs `Checkpointer.write`, which runs no collective (ranks report their parts through marker
 files), so it never interleaves with training's collectives. Everything it writes was staged in host memory
 on the main thread first (`checkpoint.staging`); it waits for those copies before reading them.
@@ -50,6 +57,29 @@ class BackgroundWrite:
         return not self._thread.is_alive()
 
 
+class StallClock:
+    """Consecutive parts of a save's stall: `lap(name)` books the seconds since the last lap under `name`."""
+
+    def __init__(self) -> None:
+        self.started = self._last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def total(self) -> float:
+        return self._last - self.started
+
+
+def describe_parts(parts: dict[str, Any]) -> str:
+    """'settle 0.000 s, finite_check 0.210 s, ... (staging: pool_wait 0.000 s, ...)' for the log."""
+    laps = ", ".join(f"{k} {v:.3f} s" for k, v in parts.items() if not isinstance(v, dict))
+    inner = parts.get("staging") or {}
+    return laps + (" (staging: " + ", ".join(f"{k} {v:.3f} s" for k, v in inner.items()) + ")" if inner else "")
+
+
 @dataclass
 class SaveLog:
     """Every save of this session: the loop's stall, the write's seconds and bytes, and the failures."""
@@ -61,6 +91,11 @@ class SaveLog:
     write_s: list[float] = field(default_factory=list)
     bytes: list[int] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    stall_parts_s: list[dict[str, Any]] = field(default_factory=list)
+    """Per save: its stall by part (`StallClock` laps, which add up to stall_s) and `staging`'s own parts."""
+    memory_gib: list[dict[str, float]] = field(default_factory=list)
+    """Per save (CUDA): device memory allocated and peak when it began, its snapshot (held and newly
+    allocated), and the peak once its copies ended (`Staging.memory`)."""
 
     def facts(self) -> dict[str, Any]:
         """What summary.json reports (`checkpoint_*`)."""
@@ -70,6 +105,12 @@ class SaveLog:
             "checkpoint_write_s": [round(s, 3) for s in self.write_s],
             "checkpoint_bytes": list(self.bytes),
             "checkpoint_failures": list(self.failures),
+            "checkpoint_stall_parts_s": [_rounded(p, 4) for p in self.stall_parts_s],
+            "checkpoint_memory_gib": [_rounded(m, 3) for m in self.memory_gib],
+            # the steps' peak, apart from any save's: the peak before the first save began
+            "peak_memory_before_saves_gib": (
+                round(self.memory_gib[0]["peak_before"], 3) if self.memory_gib else None
+            ),
         }
 
     def written(self, path: Path, seconds: float, background: bool) -> None:
@@ -83,3 +124,7 @@ class SaveLog:
     def failed(self, step: int, message: str, policy: str) -> None:
         """A write that failed (every rank records rank 0's account of it)."""
         self.failures.append({"step": step, "error": message, "on_error": policy})
+
+
+def _rounded(values: dict[str, Any], digits: int) -> dict[str, Any]:
+    return {k: _rounded(v, digits) if isinstance(v, dict) else round(v, digits) for k, v in values.items()}

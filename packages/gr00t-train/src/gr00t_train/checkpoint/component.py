@@ -31,13 +31,17 @@ from ..data.component import DataComponent
 from ..data.fingerprint import meta_digest, write_fingerprint
 from ..data.mixture import run_fingerprint
 from ..model.component import ModelComponent
-from .async_save import BackgroundWrite, SaveLog
+from .async_save import BackgroundWrite, SaveLog, StallClock, describe_parts
 from .base import describe as describe_base
 from .checkpointer import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
+from .host_pool import ALIGN, CHUNK_BYTES, nbytes
 from .resize import resize_records, resized_data_state, stream_seed
 from .resume_changes import as_records, config_changes
-from .staging import Staging, expected_bytes
+from .staging import Staging, expected_sizes
 from .weights import WEIGHTS, ModelView, elsewhere, plan_weights, read_record
+
+RANK_STATE_SLOTS = 16
+"""Slots the pool's reservation sets aside for a save's random and data state (small CPU tensors, first)."""
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +96,11 @@ class CheckpointComponent:
         """Save the checkpoint of `step` (every rank, after the update finished; NaN/inf weights are refused);
         returns its final folder. With checkpoint.async_save the state is staged in host memory here and
         written by a background thread (`wait` for it); the loop's stall is what this call takes."""
-        started = time.perf_counter()
+        clock = StallClock()
         self._settle()  # at most one write in flight: the previous one first
-        check_weights_finite(self.parts.model, step)
+        clock.lap("settle")
+        check_weights_finite(self.parts.model, step)  # reads the weights: waits for the step on the device
+        clock.lap("finite_check")
         trainer_state = {
             "step": step,
             "samples_seen": samples_seen,
@@ -112,7 +118,9 @@ class CheckpointComponent:
         staging = self.staging
         staging.begin()
         rank_state = staging.copy({"rng": rng_state(self.env.device), "data": self.data.state_dict()})
+        clock.lap("rank_state")
         optimizer_state = self._stage_optimizer()
+        clock.lap("optimizer")
         model_tensors, record = {}, None
         if self.env.is_main:  # only rank 0 writes the model
             plan = plan_weights(self.parts.model, self.parts.base, optimizer_state)
@@ -120,6 +128,7 @@ class CheckpointComponent:
             model_tensors = staging.copy({k: state[k] for k in plan.written})
             record = plan.record(self._base)
         ready = staging.finish()  # the writer waits for the copies; the next update does too
+        clock.lap("model_tensors")
 
         def write_model(folder: Path) -> None:
             self.parts.save_model(ModelView(self.parts.model, model_tensors), folder)
@@ -128,8 +137,11 @@ class CheckpointComponent:
 
         config = config_to_dict(self.cfg)
         self.checkpointer.begin(step)  # a barrier: rank 0 made the temporary folder
+        clock.lap("folder")
 
         def job() -> Path:
+            # 8-bit moments were staged as stored: decoded here, beside training (vla_overlap.decode_moments)
+            vla_overlap.decode_moments(optimizer_state)
             return self.checkpointer.write(
                 step, write_model=write_model, optimizer_state=optimizer_state, rank_state=rank_state,
                 trainer_state=trainer_state, config=config, world_size=self.env.world_size,
@@ -138,6 +150,7 @@ class CheckpointComponent:
         if self.cfg.checkpoint.async_save:
             self._inflight = BackgroundWrite(step, job, ready, speaks=True)
             final = self.checkpointer.root / step_dir_name(step)
+            clock.lap("thread")
         else:
             written = time.perf_counter()
             ready()
@@ -145,16 +158,21 @@ class CheckpointComponent:
             self.env.barrier()  # every rank returns after rank 0 published, as before
             if self.env.is_main:
                 self.saves.written(final, time.perf_counter() - written, background=False)
-        self.saves.stall_s.append(time.perf_counter() - started)
+            clock.lap("write")
+        self.saves.stall_s.append(clock.total())
+        self.saves.stall_parts_s.append({**clock.laps, "staging": dict(staging.parts)})
+        if staging.memory:
+            self.saves.memory_gib.append(staging.memory)  # its peak_after comes with the copies' end
         self.parts.facts.update(self.saves.facts())
         if self.env.is_main and self.cfg.checkpoint.async_save:
             log.info(
-                "checkpoint %s: the loop stalled %.3f s, the files are written in the background",
-                final.name, self.saves.stall_s[-1],
+                "checkpoint %s: the loop stalled %.3f s (%s), the files are written in the background",
+                final.name, self.saves.stall_s[-1], describe_parts(self.saves.stall_parts_s[-1]),
             )  # fmt: skip
         if staging.snapshot_bytes and self.env.is_main:
-            log.info("checkpoint %s: %.2f GB of optimizer state copied on the device first (it had room)",
-                     final.name, staging.snapshot_bytes / 1e9)  # fmt: skip
+            log.info("checkpoint %s: %.2f GB of optimizer state copied on the device first (it had room; "
+                     "%.2f GB allocated for it now, kept for the next saves)", final.name,
+                     staging.snapshot_bytes / 1e9, staging.snapshot.allocated / 1e9)  # fmt: skip
         if staging.pool.grown:
             log.info("checkpoint %s: %.2f GB of host memory allocated for its copies (reused by later saves)",
                      final.name, staging.pool.grown / 1e9)  # fmt: skip
@@ -170,7 +188,8 @@ class CheckpointComponent:
             state = optimizer.state_dict(keep=keep)
             return staging.copy(state, fresh_cpu=True) if self.env.is_main else {}
         if isinstance(optimizer, vla_overlap.DistributedAdamW):
-            state = optimizer.state_dict(on_device=True)  # views of the live masters and moments
+            # views of the live masters and moments (8-bit ones as stored: codes and scales, decoded by the writer)
+            state = optimizer.state_dict(on_device=True, encoded_moments=True)
         elif self.env.is_main:
             state = optimizer.state_dict()  # torch's AdamW: its live state
         else:
@@ -184,10 +203,24 @@ class CheckpointComponent:
         if self._update_hook is None:
             self._update_hook = self.model.optimizer.register_step_pre_hook(self.staging.before_update)
         if self.env.is_main and (self.cfg.checkpoint.every > 0 or self.cfg.checkpoint.save_final):
-            optimizer = self.model.optimizer
-            zero1 = isinstance(optimizer, vla_overlap.DistributedAdamW)
-            total = expected_bytes(optimizer) * (self.env.world_size if zero1 else 1)
-            self.staging.pool.reserve_in_background(total)
+            self.staging.pool.reserve_in_background(self._expected_sizes())
+
+    def _expected_sizes(self) -> list[int] | int:
+        """What a save stages, in order, for the pool's reservation: the random and data state, the optimizer
+        state (`staging.expected_sizes`), the model tensors the checkpoint writes (frozen ones of a run from
+        random weights: 2.7 GB for n1.6-3b), and one chunk to spare. ZeRO-1 at more ranks gathers whole
+        parameters into rank 0's slots: their total, then."""
+        optimizer = self.model.optimizer
+        zero1 = isinstance(optimizer, vla_overlap.DistributedAdamW)
+        # ZeRO-1 holds every trainable weight as a master: the checkpoint writes the rest of the model
+        masters = {n: {"master": True} for n, p in self.parts.model.named_parameters() if p.requires_grad}
+        plan = plan_weights(self.parts.model, self.parts.base, {"state": masters} if zero1 else None)
+        state = self.parts.model.state_dict()
+        written = [nbytes(state[k].shape, state[k].dtype) for k in plan.written]
+        optimizer_sizes = expected_sizes(optimizer)
+        if zero1 and self.env.world_size > 1:
+            return sum(optimizer_sizes) * self.env.world_size + sum(written) + (RANK_STATE_SLOTS + 1) * ALIGN
+        return [ALIGN] * RANK_STATE_SLOTS + optimizer_sizes + written + [CHUNK_BYTES]
 
     def _release_staging(self) -> None:
         """The run ended: the pool's memory is freed and the updates no longer wait for saves."""

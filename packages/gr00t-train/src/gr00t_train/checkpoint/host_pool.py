@@ -5,7 +5,10 @@ state), so the pool is not allocated per save. It is a list of chunks (pinned on
 copies run asynchronously at full PCIe speed; plain memory on CPU); `reserve_in_background` fills it at
 start-up from an estimate, beside training. A save takes its slots in order (`rewind`, then `take`): the
 first chunk with room for the tensor holds it after the slots already taken there, else a new chunk. The
-same sequence of tensors therefore lands in the same places every save.
+same sequence of tensors therefore lands in the same places every save. `reserve_for` reserves for a list of
+tensor sizes by running that placement ahead, so the first save finds a slot for each of them (a reservation of
+the total alone falls short: slots are page-aligned, a chunk's tail is left when the next tensor does not fit,
+and a tensor larger than a chunk gets one of its own).
 
 Each slot is a tensor with a storage of its own, exactly its bytes (a NumPy view of the chunk made into a
 tensor): torch.save writes each tensor, never the chunk around it, and safetensors sees no shared storage.
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Sequence
 
 import torch
 
@@ -29,6 +34,27 @@ ALIGN = 4096
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def _new_chunk(need: int) -> int:
+    """Bytes of the chunk `take` allocates for a slot of `need` bytes that fits no chunk held."""
+    return max(CHUNK_BYTES, 1 << max(need - 1, 0).bit_length())
+
+
+def plan_chunks(held: Sequence[int], sizes: Sequence[int]) -> list[int]:
+    """The chunks to add to chunks of `held` bytes so that slots of `sizes` bytes, taken in order as `take`
+    places them (first chunk with room, else a new one), need no further allocation."""
+    capacity, fill, added = list(held), [0] * len(held), []
+    for size in sizes:
+        need = _round_up(size, ALIGN)
+        chunk = next((c for c, taken in enumerate(fill) if taken + need <= capacity[c]), None)
+        if chunk is None:
+            added.append(_new_chunk(need))
+            capacity.append(added[-1])
+            fill.append(0)
+            chunk = len(capacity) - 1
+        fill[chunk] += need
+    return added
 
 
 def nbytes(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> int:
@@ -51,6 +77,10 @@ class HostPool:
         self._reserving: threading.Thread | None = None
         self.grown = 0
         """Bytes allocated by `take` since the last `rewind`: a save that outgrew the reservation (in the loop)."""
+        self.grow_s = 0.0
+        """Seconds `take` spent allocating since the last `rewind` (pinning is slow: part of a save's stall)."""
+        self.join_s = 0.0
+        """Seconds the last `rewind` waited for the reservation still running in the background."""
 
     @property
     def capacity(self) -> int:
@@ -75,13 +105,21 @@ class HostPool:
             while self.capacity < total:
                 self._allocate(min(CHUNK_BYTES, max(ALIGN, 1 << (total - self.capacity - 1).bit_length())))
 
-    def reserve_in_background(self, total: int) -> None:
-        """`reserve(total)` in a daemon thread (pinning is slow; the loop goes on); `take` waits for it."""
+    def reserve_for(self, sizes: Sequence[int]) -> None:
+        """Hold the chunks that slots of `sizes` bytes, taken in this order after a `rewind`, fit in."""
+        with self._lock:
+            for size in plan_chunks([c.numel() for c in self._chunks], sizes):
+                self._allocate(size)
+
+    def reserve_in_background(self, sizes: Sequence[int] | int) -> None:
+        """`reserve_for(sizes)` (an int: `reserve(total)`) in a daemon thread (pinning is slow; the loop goes
+        on); `rewind` waits for it."""
         self.join()
+        total = sizes if isinstance(sizes, int) else sum(sizes)
 
         def run() -> None:
             try:
-                self.reserve(total)
+                self.reserve(sizes) if isinstance(sizes, int) else self.reserve_for(sizes)
             except Exception as err:  # noqa: BLE001 - the first save allocates what is missing instead
                 log.warning("could not reserve %.1f GB of host memory for checkpoints: %s", total / 1e9, err)
 
@@ -96,8 +134,10 @@ class HostPool:
 
     def rewind(self) -> None:
         """A save starts: its slots are taken from the start again (the previous save's write has ended)."""
+        started = time.perf_counter()
         self.join()
-        self._fill, self.grown = [0] * len(self._chunks), 0
+        self.join_s = time.perf_counter() - started
+        self._fill, self.grown, self.grow_s = [0] * len(self._chunks), 0, 0.0
 
     def take(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The next slot: a contiguous tensor of `shape` and `dtype` in a storage of its own (its contents
@@ -109,7 +149,9 @@ class HostPool:
                 (c for c, taken in enumerate(self._fill) if taken + need <= self._chunks[c].numel()), None
             )
             if chunk is None:
-                self._allocate(max(CHUNK_BYTES, 1 << max(need - 1, 0).bit_length()))
+                started = time.perf_counter()
+                self._allocate(_new_chunk(need))
+                self.grow_s += time.perf_counter() - started
                 self.grown += self._chunks[-1].numel()
                 chunk = len(self._chunks) - 1
             offset = self._fill[chunk]

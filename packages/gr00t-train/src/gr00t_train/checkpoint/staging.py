@@ -12,7 +12,8 @@ of copy, by what may change the original next:
   for n1.6-3b), copied to the host on a copy stream of its own, beside the next step's forward and backward.
   When the device has room for it (`device_room`: free memory less the headroom the steps' peak needs), the
   state is first copied on the device, on the current stream (19.4 GB read and written at an H200's
-  4.8 TB/s: ~10 ms, an estimate), and the host copies read that snapshot: nothing waits for them. Otherwise
+  4.8 TB/s: ~10 ms, an estimate), into one buffer kept from save to save (`checkpoint.snapshot`), and the
+  host copies read that snapshot: nothing waits for them. Otherwise
   they read the originals, and `before_update` (an optimizer step pre-hook) makes the stream the update
   runs on wait for them, so the update cannot change a tensor still being copied: the loop then waits only
   as long as the copies (19.4 GB at PCIe 5's ~50 GB/s: ~0.4 s, an estimate) outlast the next step's forward
@@ -24,18 +25,25 @@ With the optimizer on a side stream, `Trainer.save` made the current stream wait
 the copy stream waits for the current one before its first copy: the copies read the updated state.
 `finish()` returns the function the writer calls before reading the copies: it waits for them to end.
 CPU tensors are copied into the pool at once, unless the caller says they are fresh (made for this save).
+
+Each save records where its time went (`parts`: the wait for the pool's reservation, the pool's growth, the
+snapshot's allocation and copies, the host copies' launch) and the device memory around it (`memory`).
 """
 
 from __future__ import annotations
 
 import copy as deepcopy
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import vla_overlap
 
-from .host_pool import ALIGN, HostPool, nbytes
+from .host_pool import HostPool
+from .snapshot import SnapshotBuffer, layout
 
+GiB = 1 << 30
 SNAPSHOT_MARGIN = 2 << 30
 """Device memory left free, beyond the steps' own headroom, when the state is copied on the device first."""
 
@@ -70,6 +78,11 @@ class Staging:
         self.device_copies = device_copies
         """Copy guarded state on the device first: None when `device_room` allows, True always, False never."""
         self.pool = HostPool(pinned=self.cuda)
+        self.snapshot = SnapshotBuffer(device, lambda: device_room(device)) if self.cuda else None
+        """The device buffer kept between saves that the guarded state is copied into first."""
+        self._copies_ended: torch.cuda.Event | None = (
+            None  # the last save's host copies (they read the snapshot)
+        )
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         self._pending: torch.cuda.Event | None = None  # the last save's guarded copies, until they ended
         self._held: list[torch.Tensor] = []  # fresh device tensors whose copies may not have ended
@@ -87,16 +100,33 @@ class Staging:
         on the device for its copies; 0 when none waited (a snapshot, or the copies ended first)."""
         self._unaccounted = False  # a save whose update wait is not in update_wait_s yet
         self._wait_timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self.parts: dict[str, float] = {}
+        """This save's host seconds by part: pool_wait (the reservation still running), pool_grow (slots the
+        reservation lacked, pinned in the loop), snapshot_alloc, snapshot (its copies' launch, allocation
+        included), host_copies (the launch of the copies to the host, pool_grow included)."""
+        self.memory: dict[str, float] = {}
+        """This save's device memory in GiB (CUDA): allocated and peak when it began (the peak so far: the
+        steps' and earlier saves'), the snapshot, and the peak once its copies ended (set by the writer's wait)."""
 
     # ---------------------------------------------------------------------------------------- a save
     def begin(self) -> None:
         """A save starts: the pool is reused from its start (the previous save's write has ended)."""
         self._account()
         self.pool.rewind()
+        self.parts = dict.fromkeys(
+            ("pool_wait", "pool_grow", "snapshot_alloc", "snapshot", "host_copies"), 0.0
+        )
+        self.parts["pool_wait"] = self.pool.join_s
         self._held, self._held_storages, self._held_bytes, self.waits = [], set(), 0, 0
         self._guard, self.snapshot_bytes = False, 0
+        self.memory = {}
         if self.cuda:  # gathered buckets held until copied take what a snapshot would (the next step runs)
             self.held_limit = max(1 << 30, device_room(self.device))
+            self.memory = {
+                "allocated_before": torch.cuda.memory_allocated(self.device) / GiB,
+                "peak_before": torch.cuda.max_memory_allocated(self.device) / GiB,
+                "snapshot_held_before": self.snapshot.held / GiB,
+            }
 
     def copy(self, tree: Any, *, guarded: bool = False, fresh_cpu: bool = False) -> Any:
         """`tree` with every tensor copied into the pool (see the module docstring for `guarded`); dicts,
@@ -104,46 +134,50 @@ class Staging:
         snapshot: dict[int, torch.Tensor] = {}
         originals = _cuda_tensors(tree) if guarded and self.cuda else []
         if originals:
+            started = time.perf_counter()
             snapshot = self._snapshot(originals)
+            self.parts["snapshot"] += time.perf_counter() - started
             self._guard = self._guard or not snapshot
             # the host copies follow the update (and the snapshot) queued on the current stream
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        started, grown = time.perf_counter(), self.pool.grow_s
+        # a method, not a nested function calling itself: that closure would be a reference cycle holding the
+        # snapshot's views, and the buffer with them, until Python's cyclic collector got to it
+        copied = self._visit(tree, snapshot, guarded, fresh_cpu)
+        snapshot.clear()
+        self.parts["host_copies"] += time.perf_counter() - started
+        self.parts["pool_grow"] += self.pool.grow_s - grown
+        return copied
 
-        def visit(node: Any) -> Any:
-            if isinstance(node, torch.Tensor):
-                if node.device.type != "cpu":
-                    return self._to_host(snapshot.get(id(node), node), guarded)
-                return node if fresh_cpu else self.pool.take(node.shape, node.dtype).copy_(node.detach())
-            if isinstance(node, dict):
-                return {key: visit(value) for key, value in node.items()}
-            if isinstance(node, (list, tuple)):
-                items = [visit(value) for value in node]
-                return items if isinstance(node, list) else tuple(items)
-            return deepcopy.deepcopy(node)
-
-        return visit(tree)
+    def _visit(self, node: Any, snapshot: dict[int, torch.Tensor], guarded: bool, fresh_cpu: bool) -> Any:
+        if isinstance(node, torch.Tensor):
+            if node.device.type != "cpu":
+                return self._to_host(snapshot.get(id(node), node), guarded)
+            return node if fresh_cpu else self.pool.take(node.shape, node.dtype).copy_(node.detach())
+        if isinstance(node, dict):
+            return {key: self._visit(value, snapshot, guarded, fresh_cpu) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            items = [self._visit(value, snapshot, guarded, fresh_cpu) for value in node]
+            return items if isinstance(node, list) else tuple(items)
+        return deepcopy.deepcopy(node)
 
     def _snapshot(self, tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Copies of `tensors` on the device, in one buffer, on the current stream (id of each original -> its
-        copy), held until the host copies of them ended; {} when not wanted or there is no room."""
-        places, total = [], 0
-        for tensor in tensors:
-            places.append(total)
-            total += -(-nbytes(tensor.shape, tensor.dtype) // ALIGN) * ALIGN
-        wanted = self.device_copies if self.device_copies is not None else device_room(self.device) >= total
-        if not wanted:
+        """Copies of `tensors` on the device, in the snapshot buffer kept between saves, on the current stream
+        (id of each original -> its copy); {} when not wanted or there is no room (the buffer is freed then)."""
+        _, total = layout(tensors)
+        wanted = self.device_copies if self.device_copies is not None else self.snapshot.fits(total)
+        buffer = self.snapshot.take(total) if wanted and not self.snapshot_bytes else None
+        self.parts["snapshot_alloc"] += self.snapshot.alloc_s
+        if buffer is None:
+            if not wanted:
+                self.snapshot.release()  # no room any more: the steps get the memory back
             return {}
-        try:
-            buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
-        except torch.OutOfMemoryError:
-            return {}
-        copies = {}
-        for tensor, at in zip(tensors, places):
-            size = nbytes(tensor.shape, tensor.dtype)
-            copies[id(tensor)] = buffer[at : at + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
-        self._held.append(buffer)
+        if self._copies_ended is not None:  # the last save's host copies read this buffer (ended long ago)
+            torch.cuda.current_stream(self.device).wait_event(self._copies_ended)
         self.snapshot_bytes += total
-        return copies
+        self.memory["snapshot"] = total / GiB
+        self.memory["snapshot_allocated"] = self.snapshot.allocated / GiB
+        return self.snapshot.fill(tensors, buffer)
 
     def keep(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy of `tensor`, made for this save (a gathered bucket's entry): copied on the copy stream
@@ -182,12 +216,15 @@ class Staging:
         ordered.record(torch.cuda.current_stream(self.device))
         guarded.record(self._stream)
         self._pending = guarded if self._guard else None
+        self._copies_ended = guarded
         held, self._held, self._held_storages, self._held_bytes = self._held, [], set(), 0
+        memory, device = self.memory, self.device
 
         def wait() -> None:
             ordered.synchronize()
             guarded.synchronize()
-            held.clear()  # the snapshot's and gathered buckets' device memory goes back to the allocator
+            held.clear()  # gathered buckets' device memory goes back to the allocator
+            memory["peak_after"] = torch.cuda.max_memory_allocated(device) / GiB
 
         return wait
 
@@ -229,15 +266,34 @@ class Staging:
             self._pending.synchronize()
             self._pending = None
         self.pool.close()
+        if self._copies_ended is not None:  # a write given up on may still be copying out of the snapshot
+            self._copies_ended.synchronize()
+            self._copies_ended = None
+        if self.snapshot is not None:
+            self.snapshot.release()
+
+
+def expected_sizes(optimizer: torch.optim.Optimizer) -> list[int]:
+    """Bytes of each tensor a save stages of `optimizer`, in order, estimated before any state exists (the
+    pool's reservation). Per stepped tensor: with DistributedAdamW its fp32 master (this rank's shard) and
+    moments, with torch's AdamW its moments only (the trainable weights are among the model's tensors); the
+    moments two (three with amsgrad) in the tensor's dtype, or with 8-bit moments each as its codes and block
+    scales (staged as they are); and the step count."""
+    sizes = []
+    masters = isinstance(optimizer, vla_overlap.DistributedAdamW)
+    moments8 = getattr(optimizer, "moments", "fp32") == "int8"
+    for group in optimizer.param_groups:
+        count = 3 if group.get("amsgrad") else 2
+        for p in group["params"]:
+            n, size = p.numel(), p.numel() * p.element_size()
+            if moments8:  # one byte per element, the scales the rest of MOMENT_BYTES
+                moments = [n, -(-n * (vla_overlap.MOMENT_BYTES["int8"] - 2) // 2)] * 2
+            else:
+                moments = [size] * count
+            sizes += ([size] if masters else []) + [int(m) for m in moments] + [4]
+    return sizes
 
 
 def expected_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """What a save stages of `optimizer`, estimated before any state exists (the pool's reservation): every
-    stepped tensor and its moments (two, three with amsgrad) in its dtype. For ZeRO-1 that is the fp32 masters
-    and moments of this rank's shard; for torch's AdamW the moments and the trainable weights the model files
-    then hold."""
-    total = 0
-    for group in optimizer.param_groups:
-        moments = 3 if group.get("amsgrad") else 2
-        total += sum(p.numel() * p.element_size() * (1 + moments) for p in group["params"])
-    return total
+    """The bytes of `expected_sizes`."""
+    return sum(expected_sizes(optimizer))
