@@ -75,6 +75,15 @@ def _steps_seconds(folder: Path) -> float:
     return sum(float(r["step_time_s"]) for r in steps[1:])
 
 
+def describe_parts(parts: dict) -> str:
+    """'settle 0.000 s, ... (staging: pool_wait 0.000 s, ...)', as the training log writes it."""
+    laps = ", ".join(f"{k} {v:.3f} s" for k, v in parts.items() if not isinstance(v, dict))
+    inner = parts.get("staging") or {}
+    return laps + (
+        " (staging: " + ", ".join(f"{k} {v:.3f} s" for k, v in inner.items()) + ")" if inner else ""
+    )
+
+
 def main() -> None:
     args = parse()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +117,10 @@ def main() -> None:
         "startup_phases_warm": warm.get("startup_phases"),
         "steps_s": steps_s,
         "checkpoint_stall_s": stalls,
+        # each stall by part (they add up to it), the staging's own parts beside them (pool wait and growth,
+        # snapshot allocation and copies, host copies), and the device memory around each save
+        "checkpoint_stall_parts_s": summary.get("checkpoint_stall_parts_s"),
+        "checkpoint_memory_gib": summary.get("checkpoint_memory_gib"),
         # inside steps_s: how long the first update after each save waited on the GPU for its host copies
         "checkpoint_update_wait_s": summary.get("checkpoint_update_wait_s"),
         "checkpoint_write_s": summary.get("checkpoint_write_s"),
@@ -118,6 +131,8 @@ def main() -> None:
         "samples_per_s_job": samples / wall,
         "samples_per_s_steady": summary["samples_per_s"],
         "peak_memory_gib": summary.get("peak_memory_gib"),
+        # the steps' peak apart from the saves': the peak before the first save began
+        "peak_memory_before_saves_gib": summary.get("peak_memory_before_saves_gib"),
     }
     print(json.dumps(result, indent=2))
     for name, phases in (("cold", result["startup_phases"]), ("warm", result["startup_phases_warm"])):
@@ -130,6 +145,10 @@ def main() -> None:
         f"{validation_s:.1f} s, rest {other:.1f} s; non-step share {100 * result['non_step_share']:.1f}%; "
         f"{result['samples_per_s_job']:.1f} samples/s over the job against {result['samples_per_s_steady']:.1f} steady"
     )
+    for index, parts in enumerate(result["checkpoint_stall_parts_s"] or []):
+        print(f"save {index + 1}: stall {stalls[index]:.3f} s = " + describe_parts(parts))
+    for index, memory in enumerate(result["checkpoint_memory_gib"] or []):
+        print(f"save {index + 1}: memory (GiB) " + ", ".join(f"{k} {v:.2f}" for k, v in memory.items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -7,13 +7,20 @@ moments: 19.4 GB at n1.6-3b's 1.62 B; the flat Triton step) on vla_overlap's upd
 runs it. Each step also runs matmuls standing for n1.6-3b's forward and backward: `--frozen-ms` before it
 waits for the update (the frozen prefix) and the rest of `--step-ms` after (60 ms: batch 16 at ~270
 samples/s). A save stages the optimizer state as gr00t-train's CheckpointComponent does (the weights' finite
-check, `state_dict(on_device=True)`, `Staging` with its pool reserved beforehand): in mode `host-copies` the
+check, `state_dict(on_device=True)`, `Staging` with its pool reserved beforehand for the save's tensors as
+placed, `--frozen-gb` of frozen bf16 weights copied as a run from random weights writes them): in mode `host-copies` the
 host copies read the live state and the next update waits for them; in `device-snapshot` the state is first
 copied on the device. Per save it prints the host time of the save call (what summary.json's
 checkpoint_stall_s records), when its copies ended, and the loop's stall: the wall time of `--window` steps
 starting with the save, less the median of the same steps without one; then how long the first update after
 each save waited on the device for its copies (summary.json's checkpoint_update_wait_s). The synchronous CPU state dict (what
 a save cost before staging) and the pool's reservation (done in the background by a run) are timed too.
+
+The first save of each mode is reported on its own line (`first`): it allocates the snapshot buffer that later
+saves reuse. Each save's host time is split into parts as summary.json's checkpoint_stall_parts_s splits it
+(wait for the update, the finite check, the state dict, the staging of the state and of the frozen weights,
+with the staging's own parts: pool wait and growth, snapshot allocation and copies, host copies), with the
+device memory before and after it (summary.json's checkpoint_memory_gib).
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gr00t_train._run_checks import check_weights_finite
-from gr00t_train.checkpoint.staging import Staging, device_room, expected_bytes
+from gr00t_train.checkpoint.async_save import StallClock
+from gr00t_train.checkpoint.host_pool import nbytes
+from gr00t_train.checkpoint.staging import Staging, device_room, expected_bytes, expected_sizes
 from torch import nn
 from vla_overlap import DistributedAdamW, OverlapConfig, OverlapDataParallel, UpdateStream
 
@@ -47,6 +56,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--frozen-ms", type=float, default=20.0, help="of which before waiting for the update")
     p.add_argument("--window", type=int, default=16, help="steps timed from a save on")
     p.add_argument("--saves", type=int, default=3, help="saves per mode")
+    p.add_argument(
+        "--frozen-gb", type=float, default=2.7, help="frozen bf16 weights a save copies (n1.6-3b: 2.7)"
+    )
     p.add_argument("--json", type=Path)
     return p.parse_args()
 
@@ -68,6 +80,11 @@ class Loop:
         self.frozen = max(0, round(args.frozen_ms / mm_ms))
         self.trainable = max(0, round((args.step_ms - args.frozen_ms) / mm_ms))
         self.elements = sum(p.numel() for p in self.module.parameters())
+        count = max(
+            0, round(args.frozen_gb * 1e9 / (64 << 20))
+        )  # 64 MiB tensors, as the run's frozen weights
+        self.frozen_weights = {f"frozen{i}": torch.zeros(32 << 20, device="cuda", dtype=torch.bfloat16)
+                               for i in range(count)}  # fmt: skip
 
     def step(self) -> None:
         for _ in range(self.frozen):  # reads no trainable weight: beside the previous update
@@ -99,19 +116,26 @@ def saver(loop: Loop, staging: Staging):
     """A save as CheckpointComponent.save stages it (without the files): returns its report."""
 
     def save() -> dict:
-        started = time.perf_counter()
+        clock = StallClock()
         loop.updates.wait()  # Trainer.save: wait_for_update
+        clock.lap("wait_update")
         check_weights_finite(loop.module, 0)
+        clock.lap("finite_check")
         room = device_room(staging.device)
         staging.begin()
-        state = loop.opt.state_dict(on_device=True)
+        state = loop.opt.state_dict(on_device=True, encoded_moments=True)
+        clock.lap("state_dict")
         staged = {key: staging.copy(value, guarded=key == "state") for key, value in state.items()}
+        clock.lap("optimizer")
+        staging.copy(loop.frozen_weights)
         ready = staging.finish()
-        report = {"host_s": time.perf_counter() - started, "device_room_gb": room / 1e9}
+        clock.lap("frozen_weights")
+        report = {"host_s": clock.total(), "device_room_gb": room / 1e9,
+                  "parts_s": {**clock.laps, "staging": dict(staging.parts)}, "memory_gib": staging.memory}  # fmt: skip
 
         def wait() -> None:
             ready()
-            report["copied_s"] = time.perf_counter() - started
+            report["copied_s"] = time.perf_counter() - clock.started
             report["entries"] = sum(len(entry) for entry in staged["state"].values())
 
         report["thread"] = threading.Thread(target=wait)
@@ -120,6 +144,12 @@ def saver(loop: Loop, staging: Staging):
         return report
 
     return save
+
+
+def _rounded(value):
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def main() -> None:
@@ -148,17 +178,19 @@ def main() -> None:
             staging = Staging(torch.device("cuda"), device_copies=device_copies)
             hook = loop.opt.register_step_pre_hook(staging.before_update)  # as CheckpointComponent does
             started = time.perf_counter()
-            staging.pool.reserve(expected_bytes(loop.opt))
+            frozen = [nbytes(t.shape, t.dtype) for t in loop.frozen_weights.values()]
+            staging.pool.reserve_for([4096] * 4 + expected_sizes(loop.opt) + frozen)  # as a run reserves it
             reserve_s = time.perf_counter() - started
             rows = []
-            for _ in range(args.saves):
+            for index in range(args.saves):
                 wall, report = loop.window(args.window, saver(loop, staging))
-                rows.append(report | {"stall_s": wall - base, "grown_gb": staging.pool.grown / 1e9})
-                print(json.dumps({"mode": mode} | {k: round(v, 4) if isinstance(v, float) else v
-                                                   for k, v in rows[-1].items()}), flush=True)  # fmt: skip
+                rows.append(report | {"stall_s": wall - base, "grown_gb": staging.pool.grown / 1e9,
+                                      "first": index == 0})  # fmt: skip
+                print(json.dumps({"mode": mode} | _rounded(rows[-1])), flush=True)
             result["modes"][mode] = {"reserve_s": reserve_s, "saves": rows}
-            print(f"{mode}: pool of {staging.pool.capacity / 1e9:.1f} GB pinned in {reserve_s:.1f} s; loop stall "
-                  f"per save {[round(r['stall_s'], 3) for r in rows]} s", flush=True)  # fmt: skip
+            print(f"{mode}: pool of {staging.pool.capacity / 1e9:.1f} GB pinned in {reserve_s:.1f} s; loop stall: "
+                  f"first save {rows[0]['stall_s']:.3f} s, later {[round(r['stall_s'], 3) for r in rows[1:]]} s; "
+                  f"host time of the first save by part: {_rounded(rows[0]['parts_s'])}", flush=True)  # fmt: skip
             hook.remove()
             staging.close()
             result["modes"][mode]["update_wait_s"] = staging.update_wait_s
