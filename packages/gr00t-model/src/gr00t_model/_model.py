@@ -12,7 +12,7 @@ from torch import nn
 from . import _context_cast as context_cast
 from ._action_head import ActionHead
 from ._backbone import Backbone, FrozenPrefix
-from ._checkpointing import checkpointed_forward
+from ._checkpointing import checkpointed_forward, saves
 from ._config import GR00TConfig
 from ._frozen_linear import gelu_into_gemm, merge_qkv, pad_mlp, use_fp8
 from ._inductor_cache import let_multi_kernels_load_from_cache
@@ -45,6 +45,21 @@ class GR00TN16(nn.Module):
         self.backbone = Backbone(config)
         self.action_head = ActionHead(config)
         self.apply_training_policy()
+
+    @staticmethod
+    def import_dependencies(triton_attention: bool = False) -> None:
+        """Import the modules building a model needs: transformers' Qwen3 and SigLIP2 layers (which bring in
+        most of transformers and torch.compile's modules) and, with `triton_attention`, the Triton attention
+        op where Triton imports. The first build imports them anyway; calling this first lets a caller time
+        the imports apart from the build."""
+        from ._attention import load_triton
+        from ._language import language_layer_class
+        from ._vision import vision_layer_class
+
+        vision_layer_class()
+        language_layer_class()
+        if triton_attention:
+            load_triton()
 
     # ----------------------------------------------------------------- policy
     def apply_training_policy(self) -> None:
@@ -155,6 +170,12 @@ class GR00TN16(nn.Module):
         dit, lm = self.action_head.model, self.backbone.language_model
         blocks = [*(dit.transformer_blocks if dit.recompute else ()), *(lm.layers if lm.recompute else ())]
         return [b for b in blocks if any(p.requires_grad for p in b.parameters())]
+
+    @staticmethod
+    def kept_by_selective_recompute(op: Any) -> bool:
+        """Whether a selectively recomputed block keeps the outputs of `op` (an aten or custom OpOverload) for
+        its backward: GEMMs and attention (`_checkpointing.SAVED_OPS`)."""
+        return saves(op)
 
     def compile_blocks(self, **options: Any) -> int:
         """torch.compile the forward of every repeated block, in place (parameter names and state dicts do

@@ -65,6 +65,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         # Before anything heavy: the folder lock, other runs' files, the checkpoint to resume from.
         run = claim_run(cfg, env)
         progress.claimed, progress.run_id, progress.resumed_from = True, run.run_id, run.resume_from
+        startup_clock.part("run_folder")  # the model phase's first part (metrics.startup.MODEL_PARTS)
         try:
             parts = build_parts(cfg, env)
             startup_clock.mark("data")  # build_parts marks the model's end

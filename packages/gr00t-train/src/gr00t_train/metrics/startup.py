@@ -1,9 +1,12 @@
 """Where a run's start-up goes: seconds per phase, from the process's start to the end of the first step.
 
 run_training starts the clock; each phase ends with `mark(name)` where it is done (the time since the previous
-mark is that phase's). The first step splits into compilation (torch.compile's own count of its frame and
-backward compiles), graph capture (vla_graph's report) and the rest of the step. One INFO line and
-summary.json's `startup_phases` give the result, so a measurement shows where start-up goes without a profiler.
+mark is that phase's). A phase may be split further with `part(name)` calls inside it (the model phase is:
+MODEL_PARTS); whatever follows the last part is filed as "other", so a phase's parts add up to it. The first
+step splits into compilation (torch.compile's own count of its frame and backward compiles), graph capture
+(vla_graph's report) and the rest of the step. One INFO line and summary.json's `startup_phases` give the
+result, one INFO line per split phase and `startup_model_parts` its parts, so a measurement shows where
+start-up goes without a profiler.
 """
 
 from __future__ import annotations
@@ -22,29 +25,61 @@ PHASES = ("imports", "process_group", "model", "data", "optimizer", "before_firs
 staged update), to the first step (a resume's load), then the first step's compilation, graph capture and
 the rest of it."""
 
+MODEL_PARTS = ("run_folder", "data_plan", "imports", "start_facts", "tokenizer", "device", "weights",
+               "adapters", "frozen_prefix", "device_sync")  # fmt: skip
+"""The model phase's parts, in order (those that ran): the run folder claimed, the dataset's metadata planned,
+the Python modules the model needs imported (transformers' layers, and the torch.compile and Triton modules
+they bring), the start-up warnings (start_facts), the tokenizer, the device's context created (CUDA), the
+weights made (random init or the checkpoint's load, with the training policy's dtypes), LoRA adapters, the
+frozen prefix prepared, and the device's queued work waited for (CUDA); then "other", the rest of the phase."""
+
 
 class StartupClock:
     """Seconds per start-up phase (see PHASES); phases not reached stay absent."""
 
     def __init__(self) -> None:
         self.phases: dict[str, float] = {}
-        self._last: float | None = None
+        self.parts: dict[str, dict[str, float]] = {}
+        self._last: float | None = None  # when the previous phase ended (None: not running)
+        self._last_part = 0.0  # when the previous part (or phase) ended
+        self._pending: dict[str, float] = {}  # parts of the phase in progress
 
     def start(self, now: float) -> None:
         """The run begins at perf_counter() `now`; the time before it (since the process started) is imports."""
-        self.phases = {}
-        self._last = now
+        self.phases, self.parts, self._pending = {}, {}, {}
+        self._last = self._last_part = now
         before = seconds_since_process_start()
         if before is not None:
             self.phases["imports"] = max(0.0, before - (time.perf_counter() - now))
 
     def mark(self, name: str) -> None:
-        """Phase `name` ends now (a phase marked twice adds up)."""
+        """Phase `name` ends now (a phase marked twice adds up). Its parts, if `part` split it, are filed
+        under it, the time after the last one as "other"."""
         if self._last is None:
             return
         now = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + now - self._last
-        self._last = now
+        if self._pending:
+            self._pending["other"] = self._pending.get("other", 0.0) + now - self._last_part
+            parts = self.parts.setdefault(name, {})
+            for part, seconds in self._pending.items():
+                parts[part] = parts.get(part, 0.0) + seconds
+            self._pending = {}
+            log.info("start-up, %s phase: %s", name, _line(self.ordered_parts(name)))
+        self._last = self._last_part = now
+
+    def part(self, name: str) -> None:
+        """Part `name` of the phase in progress ends now: the time since the phase began or its previous part
+        ended (a part named twice adds up)."""
+        if self._last is None:
+            return
+        now = time.perf_counter()
+        self._pending[name] = self._pending.get(name, 0.0) + now - self._last_part
+        self._last_part = now
+
+    def ordered_parts(self, phase: str) -> dict[str, float]:
+        """The parts of `phase` in the order they ran, rounded as `ordered` rounds ({} if it was not split)."""
+        return {name: round(value, 3) for name, value in self.parts.get(phase, {}).items()}
 
     def first_step(self, seconds: float, capture_s: float | None) -> None:
         """The first step took `seconds` (ending now): split into compilation, graph capture and the rest."""
@@ -57,10 +92,14 @@ class StartupClock:
         )
         self.phases.update(compile=compile_s, graph_capture=capture, first_step=seconds - compile_s - capture)
         self._last = None
-        log.info("start-up: %s", ", ".join(f"{name} {value:.1f} s" for name, value in self.ordered().items()))
+        log.info("start-up: %s", _line(self.ordered()))
 
     def ordered(self) -> dict[str, float]:
         return {name: round(self.phases[name], 3) for name in PHASES if name in self.phases}
+
+
+def _line(seconds: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
 
 
 def compile_seconds() -> float:

@@ -40,10 +40,7 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     plan = _data.plan_data(cfg)  # metadata only: a dataset that cannot be mapped stops before the model
     split = _data.plan_split(cfg, plan)  # so does a split that leaves nothing to train on
     _prefix_cache.check_settings(cfg, env)  # data.prefix_cache: settings a cache cannot serve
-    facts = _gr00t.start_facts(cfg)  # random weights or the test tokenizer on a large preset: said now
-    tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
-    model = _gr00t.build_model(cfg, env.device, tokenizer)
-    startup_clock.mark("model")
+    facts, tokenizer, model = build_model_parts(cfg, env)
     data = _data.open_dataset(
         cfg, model_horizon=model.config.action_horizon, progress=env.is_main, plan=plan, split=split
     )
@@ -72,10 +69,31 @@ def build_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     parts = model_parts(cfg, env, model, source, save, flops, tokens)
     parts.validation = _validation.load_held_out(cfg, env, data, processor, model)
     parts.base = _gr00t.base_weights(model)
-    parts.facts = {**facts, "validation_split": split.facts()}
+    parts.facts = {**facts, "validation_split": split.facts(), **startup_facts()}
     if cache is not None:  # batches, loss and MFU's FLOPs from the stored features
         cache.apply(parts, model, len(data.camera_keys), vlm_tokens)
     return parts
+
+
+def build_model_parts(cfg: TrainConfig, env: DistEnv) -> tuple[dict, object, gr00t_model.GR00TN16]:
+    """The start-up facts, the tokenizer and the model, each a part of start-up's model phase
+    (metrics.startup.MODEL_PARTS), which ends here; the dataset's metadata was planned before."""
+    startup_clock.part("data_plan")
+    _gr00t.import_model_modules(cfg, env.device)
+    startup_clock.part("imports")
+    facts = _gr00t.start_facts(cfg)  # random weights or the test tokenizer on a large preset: said now
+    startup_clock.part("start_facts")
+    tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
+    startup_clock.part("tokenizer")
+    model = _gr00t.build_model(cfg, env.device, tokenizer)
+    startup_clock.mark("model")
+    return facts, tokenizer, model
+
+
+def startup_facts() -> dict:
+    """summary.json's `startup_model_parts` (seconds per part of the model phase), once the phase is done."""
+    parts = startup_clock.ordered_parts("model")
+    return {"startup_model_parts": parts} if parts else {}
 
 
 def save_dataset_meta(module: torch.nn.Module, folder: Path, data) -> None:

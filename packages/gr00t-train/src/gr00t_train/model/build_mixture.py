@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import gr00t_model
-
 from .._distributed import DistEnv
 from .._parts import TrainParts
 from ..config.sections import TrainConfig
@@ -15,7 +13,7 @@ from ..data.component import build_source
 from ..data.mixture import member_config
 from ..validation import held_out as _validation
 from . import gr00t as _gr00t
-from .build import model_parts
+from .build import build_model_parts, model_parts, startup_facts
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +23,7 @@ def build_mixture_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     processors and the mixture pipeline; validation scores each member's held-out episodes (one HeldOut per
     member that holds some out, as its single-dataset run would prepare them)."""
     plans = _mixture_data.plan_mixture(cfg)  # metadata only: a member that cannot be used stops here
-    facts = _gr00t.start_facts(cfg)
-    tokenizer = gr00t_model.load_tokenizer(_gr00t.tokenizer_path(cfg))
-    model = _gr00t.build_model(cfg, env.device, tokenizer)
+    facts, tokenizer, model = build_model_parts(cfg, env)  # start-up's model phase ends here
     mix = _mixture_data.open_mixture(plans, model_horizon=model.config.action_horizon, progress=env.is_main)
     processors = _mixture_data.attach_processors(mix, model.config, tokenizer, cfg.model.vlm_seq_len)
     first, cameras = mix.members[0], len(mix.members[0].camera_keys)
@@ -59,6 +55,7 @@ def build_mixture_parts(cfg: TrainConfig, env: DistEnv) -> TrainParts:
     parts.base = _gr00t.base_weights(model)
     parts.facts = {
         **facts,
+        **startup_facts(),
         "validation_split": {e.label: m.split.facts() for e, m in zip(mix.entries, mix.members) if m.split},
         "mixture": [
             {"name": e.label, "dataset": str(m.root), "weight": float(w), "samples": len(m.dataset)}

@@ -18,6 +18,7 @@ from ..checkpoint.restore import BaseError, load_pretrained
 from ..checkpoint.weights import BaseWeights
 from ..config.optimizations import resolve_optimizations
 from ..config.sections import TrainConfig
+from ..metrics.startup import clock as startup_clock
 
 log = logging.getLogger(__name__)
 _BASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -49,11 +50,16 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
     fields["grouped_embodiment_gemms"] = grouped == "on" or (grouped == "auto" and device.type == "cuda")
     fields["merged_dit_linears"] = merges_dit_linears(cfg, device.type)
     fields["checkpoint_blocks"] = tuple(cfg.memory.recompute)
-    attention = cfg.optimizations.triton_attention
-    fields["triton_attention"] = attention == "on" or (attention == "auto" and device.type == "cuda")
+    fields["checkpoint_policy"] = "full" if cfg.memory.recompute_policy == "auto" else cfg.memory.recompute_policy
+    fields["triton_attention"] = _triton_attention(cfg, device)
     token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
     fields["image_token_id"] = token_id
     return fields
+
+
+def _triton_attention(resolved: TrainConfig, device: torch.device) -> bool:
+    attention = resolved.optimizations.triton_attention
+    return attention == "on" or (attention == "auto" and device.type == "cuda")
 
 
 def merges_dit_linears(cfg: TrainConfig, device_type: str) -> bool:
@@ -115,8 +121,17 @@ def start_facts(cfg: TrainConfig) -> dict:
     }
 
 
+def import_model_modules(cfg: TrainConfig, device: torch.device) -> None:
+    """Import the Python modules building the model needs (transformers' layers, torch.compile's modules they
+    bring, the Triton attention op when it runs): start-up's "imports" part of the model phase."""
+    resolved, _ = resolve_optimizations(cfg, device)
+    GR00TN16.import_dependencies(triton_attention=_triton_attention(resolved, device))
+
+
 def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
-    """A fresh model of `model.preset` (same weights on every rank: seeded), or `model.checkpoint` loaded."""
+    """A fresh model of `model.preset` (same weights on every rank: seeded), or `model.checkpoint` loaded.
+    Start-up parts of the model phase (metrics.startup.MODEL_PARTS): device, weights, adapters, frozen_prefix,
+    device_sync."""
     if (
         cfg.optimizations.fp8_frozen
         and device.type == "cuda"
@@ -129,26 +144,24 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
         )
     overrides = model_overrides(cfg, device, tokenizer)
     if cfg.model.checkpoint:
-        if tokenizer_path(cfg) is None and not (Path(cfg.model.checkpoint) / "train_config.json").is_file():
-            raise ConfigError(
-                "model.tokenizer",
-                "starting from model.checkpoint needs the tokenizer those weights were trained with "
-                "(a local Hugging Face tokenizer directory, e.g. the release's Qwen3 tokenizer)",
-            )
-        try:  # a release, a save_pretrained folder or one of our checkpoints (its base resolved)
-            model, report = load_pretrained(cfg.model.checkpoint, device=device, **overrides)
-        except BaseError as err:
-            raise ConfigError("model.checkpoint", str(err)) from None
-        if getattr(model, "lora_config", None) is not None:
-            raise ConfigError(
-                "model.checkpoint",
-                f"{cfg.model.checkpoint} holds LoRA adapters: `gr00t-train export` it (the export merges them "
-                "into the weights) and start from the export",
-            )
-        provided = frozenset(model.state_dict()) - set(report.missing)  # the adapters' tensors are not
-        model = _prepare_frozen(cfg, add_adapters(cfg, model), device)
+        model, provided = _load_checkpoint(cfg, device, overrides)
+    else:
+        model, provided = _random_model(cfg, device, tokenizer, overrides), None
+    startup_clock.part("weights")
+    if cfg.model.lora.rank:
+        model = add_adapters(cfg, model)
+        startup_clock.part("adapters")
+    model = _prepare_frozen(cfg, model, device)
+    startup_clock.part("frozen_prefix")
+    if device.type == "cuda":  # the build's queued kernels, counted here rather than in a later phase
+        torch.cuda.synchronize(device)
+        startup_clock.part("device_sync")
+    if provided is not None:
         _BASES[model] = BaseWeights(Path(cfg.model.checkpoint), provided)
-        return model
+    return model
+
+
+def _random_model(cfg: TrainConfig, device: torch.device, tokenizer, overrides: dict) -> GR00TN16:
     try:
         config = GR00TConfig.preset(cfg.model.preset, **overrides)
     except ValueError as err:
@@ -158,10 +171,42 @@ def build_model(cfg: TrainConfig, device: torch.device, tokenizer) -> GR00TN16:
             "model.tokenizer",
             f"the tokenizer has {len(tokenizer)} tokens, the model's vocab_size is {config.vocab_size}",
         )
+    _start_device(device)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     with torch.device(device):
         model = GR00TN16(config)
-    return _prepare_frozen(cfg, add_adapters(cfg, model.train()), device)
+    return model.train()
+
+
+def _load_checkpoint(cfg: TrainConfig, device: torch.device, overrides: dict) -> tuple[GR00TN16, frozenset]:
+    """`model.checkpoint` loaded, and the state-dict keys it provided."""
+    if tokenizer_path(cfg) is None and not (Path(cfg.model.checkpoint) / "train_config.json").is_file():
+        raise ConfigError(
+            "model.tokenizer",
+            "starting from model.checkpoint needs the tokenizer those weights were trained with "
+            "(a local Hugging Face tokenizer directory, e.g. the release's Qwen3 tokenizer)",
+        )
+    _start_device(device)
+    try:  # a release, a save_pretrained folder or one of our checkpoints (its base resolved)
+        model, report = load_pretrained(cfg.model.checkpoint, device=device, **overrides)
+    except BaseError as err:
+        raise ConfigError("model.checkpoint", str(err)) from None
+    if getattr(model, "lora_config", None) is not None:
+        raise ConfigError(
+            "model.checkpoint",
+            f"{cfg.model.checkpoint} holds LoRA adapters: `gr00t-train export` it (the export merges them "
+            "into the weights) and start from the export",
+        )
+    return model, frozenset(model.state_dict()) - set(report.missing)  # the adapters' tensors are not
+
+
+def _start_device(device: torch.device) -> None:
+    """On CUDA, the device's context created now (its first allocation and kernel), so start-up's "device"
+    part shows what that costs apart from making the weights."""
+    if device.type == "cuda":
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+        startup_clock.part("device")
 
 
 def add_adapters(cfg: TrainConfig, model: GR00TN16) -> GR00TN16:
