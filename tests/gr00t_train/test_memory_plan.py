@@ -11,28 +11,21 @@ import gr00t_model
 import gr00t_train
 import pytest
 import torch
-from gr00t_model import GR00TN16, GR00TConfig
+from _memory_models import CPU
+from _memory_models import memory_cfg as _cfg
+from _memory_models import planned as _planned
+from _memory_models import predicted_gib as _predicted_gib
+from _memory_models import tiny_model as _tiny
 from gr00t_train import ConfigError, Trainer
 from gr00t_train._comm import adam_moments
 from gr00t_train.config.optimizations import resolve_optimizations
 from gr00t_train.memory import budget
 from gr00t_train.memory.activations import SAVED_PER_UNIT, count_saved_per_sample, shapes_of
-from gr00t_train.memory.plan import GiB, predict, state_bytes
+from gr00t_train.memory.plan import GiB, state_bytes
 from gr00t_train.model import gr00t as adapter
 
-CPU = torch.device("cpu")
-
-
-def _cfg(tmp_path, *overrides, device=CPU):
-    base = gr00t_train.load_config(
-        preset="demo",
-        overrides=[
-            "device=cpu", f"output_dir={tmp_path / 'run'}", "logging.progress=false", "logging.plots=false",
-            "data.batch_size=2", "checkpoint.save_final=false",
-        ],
-    )  # fmt: skip
-    cfg = gr00t_train.apply_overrides(base, list(overrides))
-    return resolve_optimizations(cfg, device)[0]
+FULL = "memory.recompute_policy=full"
+"""The ladder without selective recompute (test_memory_selective.py tests the one with it)."""
 
 
 class Source:
@@ -141,20 +134,6 @@ def _allocated(trainer, model) -> dict:
     }  # fmt: skip
 
 
-def _tiny(**fields):
-    torch.manual_seed(0)
-    config = GR00TConfig.preset("tiny", llm_intermediate_size=192, **fields)
-    model = GR00TN16(config).train()
-
-    def loss_at(batch: int) -> torch.Tensor:
-        inputs = gr00t_model.make_dummy_batch(config, batch, num_images=2, seed=0)
-        noise = torch.randn(batch, config.action_horizon, config.max_action_dim)
-        t = model.action_head.sample_time(batch, CPU)
-        return model(inputs, noise=noise, t=t)["loss"]
-
-    return model, loss_at
-
-
 @pytest.mark.parametrize("horizon", [16, 8])
 def test_activation_table_matches_a_fresh_saved_tensor_count(horizon) -> None:
     """The table's constants predict what autograd saves per sample in every kind of block (eager fp32 on a
@@ -179,11 +158,11 @@ def test_activation_table_matches_a_fresh_saved_tensor_count(horizon) -> None:
 
 
 def test_recomputed_blocks_keep_their_inputs() -> None:
-    """With dit and llm recomputed, the forward keeps what the table's recomputed_* entries say (counted
+    """With dit and llm fully recomputed, the forward keeps what the table's recomputed_* entries say (counted
     outside the blocks: torch.utils.checkpoint saves their inputs), far less than without."""
     from gr00t_train.memory.activations import block_elements, mask_bytes
 
-    model, loss_at = _tiny(checkpoint_blocks=("dit", "llm"))
+    model, loss_at = _tiny(checkpoint_blocks=("dit", "llm"), checkpoint_policy="full")
     counted = count_saved_per_sample(model, loss_at)
     shapes = shapes_of(model, 2, None)
     assert counted["dit_self"] == counted["dit_cross"] == counted["llm"] == 0
@@ -196,21 +175,6 @@ def test_recomputed_blocks_keep_their_inputs() -> None:
     assert inputs + rest == pytest.approx(counted["rest"], rel=0.10)
 
 
-def _planned(tmp_path, budget_gib, *overrides, world_size=1):
-    cfg = _cfg(tmp_path, "model.preset=n1.6-3b", "data.batch_size=16", *overrides)
-    if budget_gib is not None:
-        cfg = gr00t_train.apply_overrides(cfg, [f"memory.budget_gib={budget_gib}"])
-    env = SimpleNamespace(device=CPU, world_size=world_size, is_main=True)
-    return budget.plan_for_budget(cfg, env)
-
-
-def _predicted_gib(tmp_path, *overrides) -> float:
-    cfg = _cfg(tmp_path, "model.preset=n1.6-3b", "data.batch_size=16", *overrides)
-    model, shapes = budget.meta_model(cfg, CPU)
-    moments = budget.resolved_moments(cfg)
-    return predict(model, cfg, world_size=1, device_type="cpu", shapes=shapes, moments=moments).total / GiB
-
-
 def test_the_chooser_adds_techniques_cheapest_first(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(budget, "int8_moments_available", lambda: False)
     plain = _predicted_gib(tmp_path)
@@ -218,11 +182,11 @@ def test_the_chooser_adds_techniques_cheapest_first(tmp_path, monkeypatch) -> No
     both = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]")
     assert plain > dit > both
     assert _planned(tmp_path, None) == (_planned(tmp_path, None)[0], None)  # no budget: no plan
-    cfg, plan = _planned(tmp_path, plain / budget.HEADROOM + 0.1)
+    cfg, plan = _planned(tmp_path, plain / budget.HEADROOM + 0.1, FULL)
     assert plan.techniques == [] and cfg.memory.recompute == []
-    cfg, plan = _planned(tmp_path, (dit + plain) / 2 / budget.HEADROOM)
+    cfg, plan = _planned(tmp_path, (dit + plain) / 2 / budget.HEADROOM, FULL)
     assert plan.techniques == ["recompute dit"] and cfg.memory.recompute == ["dit"]
-    cfg, plan = _planned(tmp_path, (both + dit) / 2 / budget.HEADROOM)
+    cfg, plan = _planned(tmp_path, (both + dit) / 2 / budget.HEADROOM, FULL)
     assert plan.techniques == ["recompute dit", "recompute llm"] and cfg.memory.recompute == ["dit", "llm"]
     assert (cfg.data.batch_size, cfg.optim.grad_accum) == (16, 1)
     assert plan.prediction.total <= budget.HEADROOM * plan.budget_gib * GiB
@@ -235,7 +199,7 @@ def test_int8_moments_come_before_recomputing_the_llm(tmp_path, monkeypatch) -> 
     both = _predicted_gib(tmp_path, zero1, "memory.adam_moments=int8", "memory.recompute=[dit]")
     dit = _predicted_gib(tmp_path, zero1, "memory.recompute=[dit]")
     assert both + 0.01 < min(int8, dit)  # neither alone fits
-    cfg, plan = _planned(tmp_path, (both + 0.01) / budget.HEADROOM, zero1)
+    cfg, plan = _planned(tmp_path, (both + 0.01) / budget.HEADROOM, zero1, FULL)
     assert plan.techniques == ["recompute dit", "8-bit AdamW moments"]
     assert cfg.memory.adam_moments == "int8" and plan.moments == "int8" and cfg.memory.recompute == ["dit"]
 
@@ -246,7 +210,7 @@ def test_a_technique_a_later_one_makes_unneeded_is_left_out(tmp_path, monkeypatc
     zero1 = "optimizations.comm=zero1_overlap"
     int8 = _predicted_gib(tmp_path, zero1, "memory.adam_moments=int8")
     assert int8 < _predicted_gib(tmp_path, zero1, "memory.recompute=[dit]")
-    cfg, plan = _planned(tmp_path, (int8 + 0.01) / budget.HEADROOM, zero1)
+    cfg, plan = _planned(tmp_path, (int8 + 0.01) / budget.HEADROOM, zero1, FULL)
     assert plan.techniques == ["8-bit AdamW moments"] and cfg.memory.recompute == []
 
 
@@ -254,7 +218,7 @@ def test_a_technique_a_later_one_makes_unneeded_is_left_out(tmp_path, monkeypatc
     "budget_gib, techniques",
     [
         (48, []),
-        (32, ["no master remainders", "recompute dit"]),
+        (32, ["no master remainders", "recompute dit (selective)"]),
         (24, ["no master remainders", "8-bit AdamW moments"]),
     ],
 )
@@ -280,7 +244,7 @@ def test_a_smaller_microbatch_keeps_the_effective_batch(tmp_path, monkeypatch) -
     both = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]")
     two = _predicted_gib(tmp_path, "memory.recompute=[dit,llm]", "data.batch_size=4", "optim.grad_accum=4")
     assert two < both
-    cfg, plan = _planned(tmp_path, (two + 0.001) / budget.HEADROOM)
+    cfg, plan = _planned(tmp_path, (two + 0.001) / budget.HEADROOM, FULL)
     assert plan.techniques[-1] == f"microbatch {cfg.data.batch_size} x {cfg.optim.grad_accum}"
     assert sum(name.startswith("microbatch") for name in plan.techniques) == 1
     assert cfg.data.batch_size * cfg.optim.grad_accum == 16 and cfg.optim.grad_accum > 1
@@ -291,7 +255,8 @@ def test_nothing_fits_names_the_budget(tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match=r"memory.budget_gib: 4 GiB per GPU cannot hold this run") as err:
         _planned(tmp_path, 4)
     assert "moments" in str(err.value) and "model.lora.rank" in str(err.value)
-    assert "(recompute dit, recompute llm, microbatch 1 x 16)" in str(err.value)
+    names = "recompute dit (selective), recompute llm (selective), recompute fully, microbatch 1 x 16"
+    assert f"({names})" in str(err.value)
 
 
 def test_settings_you_gave_are_kept(tmp_path, monkeypatch) -> None:

@@ -147,7 +147,7 @@ class GR00TConfig:
     """Trainable blocks whose activations are recomputed in the backward instead of kept (`_checkpointing`):
     "dit" (the DiT's blocks), "llm" (the trainable language-model layers). The same numbers with less memory,
     for about one more forward of those blocks."""
-    checkpoint_policy: str = "selective"
+    checkpoint_policy: str = "full"
     """What a recomputed block keeps (`_checkpointing`): "full" only its inputs, the backward running its whole
     forward again; "selective" also the outputs of its GEMMs and attention, the backward recomputing only the
     cheap ops between them (norms, activations, elementwise products)."""

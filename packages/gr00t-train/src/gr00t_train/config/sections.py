@@ -281,14 +281,21 @@ class MemoryConfig(_Section):
     recompute: list[str] = field(default_factory=list)
     """Trainable blocks whose activations are recomputed in the backward instead of kept (activation
     checkpointing): dit (the DiT's blocks), llm (the trainable language-model layers). The same numbers with less
-    memory, for about one more forward of those blocks."""
+    memory, at the cost memory.recompute_policy says."""
+    recompute_policy: Literal["auto", "full", "selective"] = "auto"
+    """What a recomputed block keeps for its backward: full = only its inputs, the backward running its whole
+    forward again (about one more forward of those blocks); selective = its inputs and the outputs of its GEMMs
+    and attention, the backward recomputing only the cheap ops between them (norms, activations, elementwise
+    products: no GEMM again, but less memory saved); auto = full, except that memory.budget_gib tries
+    selective first. The same numbers either way."""
     budget_gib: float | None = None
     """Device memory per GPU the run must fit in, in GiB; None = no planning (the settings as given). With a
     budget the trainer predicts the peak of the model it will build and adds, cheapest first, the techniques
-    that make it fit: recompute dit, 8-bit AdamW moments (where vla-overlap offers them), recompute llm, then
-    smaller microbatches with optim.grad_accum keeping the effective batch. It logs its choice and the
-    predicted peak per component before the first step, the measured peak after it, and stops (exit 2) when
-    nothing fits. Settings you give (memory.recompute, memory.adam_moments, optim.grad_accum) are kept."""
+    that make it fit: recompute dit, 8-bit AdamW moments (where vla-overlap offers them), recompute llm (with
+    memory.recompute_policy=auto: selectively, then fully recomputed), then smaller microbatches with
+    optim.grad_accum keeping the effective batch. It logs its choice and the predicted peak per component
+    before the first step, the measured peak after it, and stops (exit 2) when nothing fits. Settings you give
+    (memory.recompute, a recompute_policy other than auto, memory.adam_moments, optim.grad_accum) are kept."""
     adam_moments: Literal["auto", "fp32", "int8"] = "auto"
     """AdamW's two moments in fp32, or block-wise quantized to 8 bits (ZeRO-1's DistributedAdamW, where the
     installed vla-overlap offers it); auto = fp32, or int8 where memory.budget_gib needs it."""

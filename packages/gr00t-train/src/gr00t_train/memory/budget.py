@@ -5,8 +5,10 @@ device: the same parameters, dtypes and prepared frozen copies, no memory), then
 their cost to speed until the prediction fits: the flat step's master remainders dropped
 (optimizations.param_remainders=false), recompute the DiT blocks, 8-bit AdamW moments (where vla-overlap
 offers them), recompute the trainable LLM layers, then halve the microbatch with gradient accumulation so the
-effective batch stays. Settings the user gave (memory.recompute, memory.adam_moments,
-optim.grad_accum) are kept as given. Nothing fitting stops the run (exit 2) naming memory.budget_gib.
+effective batch stays. Blocks are recomputed selectively first (memory.recompute_policy=auto: their GEMM and
+attention outputs kept, no GEMM run again), then fully (inputs only) where that is not enough. Settings the
+user gave (memory.recompute, a recompute_policy other than auto, memory.adam_moments, optim.grad_accum) are
+kept as given. Nothing fitting stops the run (exit 2) naming memory.budget_gib.
 The chosen techniques and the prediction per component are logged in one block; after step 1 the trainer
 logs the measured peak beside it, and both go into summary.json."""
 
@@ -24,7 +26,7 @@ from .._comm import adam_moments
 from .._errors import ConfigError
 from ..config.sections import TrainConfig
 from .activations import shapes_of
-from .plan import COMPONENTS, GiB, Prediction, predict
+from .plan import COMPONENTS, GiB, Prediction, predict, resolved_policy
 
 log = logging.getLogger(__name__)
 CAP_ENV = "GR00T_TRAIN_MEMORY_CAP_GIB"
@@ -65,6 +67,8 @@ class MemoryPlan:
     sample: str = ""
     """The sample the activations were predicted for (cameras, tokens)."""
     measured_step1_gib: float | None = None
+    recompute: str = "none"
+    """The recomputed blocks and their policy (memory.recompute, memory.recompute_policy), as the run has them."""
 
     def block(self) -> str:
         """The start-up block: budget, chosen techniques, the predicted peak per component."""
@@ -74,6 +78,7 @@ class MemoryPlan:
             f"memory budget {self.budget_gib:g} GiB (memory.budget_gib): {chosen}; microbatch "
             f"{self.microbatch} x {self.grad_accum} accumulated (effective batch {self.microbatch * self.grad_accum} "
             f"per rank); AdamW moments {self.moments}",
+            f"  activation recompute: {self.recompute}",
             f"  predicted peak per rank {gib['total']:.2f} GiB (a sample of {self.sample}):",
             *(f"    {name.replace('_', ' '):<18} {gib[name]:6.2f} GiB" for name in COMPONENTS),
         ]
@@ -105,6 +110,7 @@ class MemoryPlan:
             "grad_accum": self.grad_accum,
             "adam_moments": self.moments,
             "kept": self.kept,
+            "recompute": self.recompute,
             "predicted_gib": self.prediction.gib(),
             "predicted_detail_gib": {k: round(v / GiB, 4) for k, v in self.prediction.detail.items()},
             "measured_peak_step1_gib": self.measured_step1_gib,
@@ -188,10 +194,22 @@ def plan_for_budget(cfg: TrainConfig, env) -> tuple[TrainConfig, MemoryPlan | No
         prediction,
         kept,
         sample=sample,
+        recompute=recompute_summary(final),
     )
     if env.is_main:
         log.info("%s", plan.block())
     return final, plan
+
+
+def recompute_summary(cfg: TrainConfig) -> str:
+    """The recomputed blocks and what they keep, for the start-up block: `dit, llm (selective: inputs, GEMM
+    and attention outputs)`, or none."""
+    blocks = cfg.memory.recompute
+    if not blocks:
+        return "none"
+    policy = resolved_policy(cfg)
+    keeps = "inputs only" if policy == "full" else "inputs, GEMM and attention outputs"
+    return f"{', '.join(blocks)} ({policy}: {keeps})"
 
 
 def resolved_moments(cfg: TrainConfig) -> str:
@@ -215,8 +233,13 @@ def ladder(cfg: TrainConfig) -> tuple[list, list[str]]:
     """The techniques to try, cheapest first, as (name, config -> config), and the user's settings kept."""
     steps, kept = [], []
 
-    def recompute(block: str):
-        return lambda c: _memory(c, recompute=sorted({*c.memory.recompute, block}))
+    def recompute(block: str, policy: str):
+        return lambda c: _memory(c, recompute=sorted({*c.memory.recompute, block}), recompute_policy=policy)
+
+    # selective first where the policy is free (auto): it recomputes no GEMM but keeps more than full
+    policy = cfg.memory.recompute_policy
+    first = "full" if policy == "full" else "selective"
+    how = "" if first == "full" else " (selective)"
 
     opts = cfg.optimizations
     if opts.param_remainders and opts.bf16_weights == "on" and opts.flat_optimizer == "on":
@@ -225,14 +248,18 @@ def ladder(cfg: TrainConfig) -> tuple[list, list[str]]:
         steps.append(("no master remainders", lambda c: _optimizations(c, param_remainders=False)))
     if cfg.memory.recompute:
         kept.append(f"memory.recompute={list(cfg.memory.recompute)}")
-    else:
-        steps.append(("recompute dit", recompute("dit")))
+    if policy != "auto":
+        kept.append(f"memory.recompute_policy={policy}")
+    if not cfg.memory.recompute:
+        steps.append((f"recompute dit{how}", recompute("dit", first)))
     if cfg.memory.adam_moments != "auto":
         kept.append(f"memory.adam_moments={cfg.memory.adam_moments}")
     elif int8_moments_available() and cfg.optimizations.comm == "zero1_overlap":
         steps.append(("8-bit AdamW moments", lambda c: _memory(c, adam_moments="int8")))
     if not cfg.memory.recompute:
-        steps.append(("recompute llm", recompute("llm")))
+        steps.append((f"recompute llm{how}", recompute("llm", first)))
+        if policy == "auto":  # the blocks chosen so far recomputed whole
+            steps.append(("recompute fully", lambda c: _memory(c, recompute_policy="full")))
     if cfg.optim.grad_accum != 1:
         kept.append(f"optim.grad_accum={cfg.optim.grad_accum}")
     else:

@@ -134,6 +134,12 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def resolved_policy(cfg: TrainConfig) -> str:
+    """memory.recompute_policy as the model runs it (auto: full; a budget chooses before)."""
+    policy = cfg.memory.recompute_policy
+    return "full" if policy == "auto" else policy
+
+
 def predict(
     model: nn.Module,
     cfg: TrainConfig,
@@ -144,20 +150,22 @@ def predict(
     moments: str = "fp32",
 ) -> Prediction:
     """Every component of one rank's peak for a resolved `cfg` (data.batch_size is the microbatch;
-    memory.recompute the recomputed blocks) on `model` as built for it."""
+    memory.recompute the recomputed blocks, memory.recompute_policy what they keep) on `model` as built
+    for it."""
     parts = state_bytes(model, cfg, world_size, device_type, moments)
     cuda = device_type == "cuda"
     gpu = calibration() if cuda else {"gpu_factor": 1.0, "cuda_workspace_gib": 0.0}
     element = 2 if cfg.precision == "bf16" else 4
     config = model.config
     batch, recompute = cfg.data.batch_size, tuple(cfg.memory.recompute)
+    policy = resolved_policy(cfg)
     masks = mask_bytes(shapes, config.dit_ff_mult, config.dit_dropout)
     parts["activations"] = activation_bytes(
-        shapes, batch, recompute, element, factor=gpu["gpu_factor"], masks=masks
+        shapes, batch, recompute, element, factor=gpu["gpu_factor"], masks=masks, policy=policy
     )
     parts["workspace"] = int(gpu["cuda_workspace_gib"] * GiB)
     detail = {
-        "eager_activations": activation_bytes(shapes, batch, recompute, element),
+        "eager_activations": activation_bytes(shapes, batch, recompute, element, policy=policy),
         "dropout_masks": batch * masks,
     }
     return Prediction({name: int(parts[name]) for name in COMPONENTS}, detail)

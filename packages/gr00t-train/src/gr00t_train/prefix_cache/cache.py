@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 SETTING = "data.prefix_cache.mode"
 TRAINING_ONLY = (
-    "checkpoint_blocks", "grouped_embodiment_gemms", "merged_dit_linears", "triton_attention",
+    "checkpoint_blocks", "checkpoint_policy", "grouped_embodiment_gemms", "merged_dit_linears", "triton_attention",
     "trainable_dtype",
 )  # fmt: skip
 """GR00TConfig fields that change only the trainable part: left out of the fingerprint."""
