@@ -115,6 +115,9 @@ def main() -> None:
         # compile, graph capture, first step), cold and warm
         "startup_phases": summary.get("startup_phases"),
         "startup_phases_warm": warm.get("startup_phases"),
+        # the model phase by part (run folder, dataset metadata, imports, ..., weights, frozen prefix)
+        "startup_model_parts": summary.get("startup_model_parts"),
+        "startup_model_parts_warm": warm.get("startup_model_parts"),
         "steps_s": steps_s,
         "checkpoint_stall_s": stalls,
         # each stall by part (they add up to it), the staging's own parts beside them (pool wait and growth,
@@ -138,6 +141,12 @@ def main() -> None:
     for name, phases in (("cold", result["startup_phases"]), ("warm", result["startup_phases_warm"])):
         if phases:
             print(f"start-up {name}: " + ", ".join(f"{key} {value:.1f} s" for key, value in phases.items()))
+    for name, parts in (
+        ("cold", result["startup_model_parts"]),
+        ("warm", result["startup_model_parts_warm"]),
+    ):
+        if parts:
+            print(f"model phase {name}: " + ", ".join(f"{key} {value:.2f} s" for key, value in parts.items()))
     print(
         f"\njob {wall:.1f} s: start-up {startup:.1f} s (warm {result['startup_warm_s']:.1f} s), steps {steps_s:.1f} s, "
         f"{len(stalls)} saves stalling {sum(stalls):.2f} s (max {max(stalls, default=0):.2f} s; the next "
