@@ -9,14 +9,27 @@ budget, and memory.budget_gib set to it, so the planner chooses what fits and th
     none           uncapped, the default run (planned against the whole GPU only to record its prediction:
                    nothing is chosen, so it runs as without a budget)
     lora           model.lora.rank=32, uncapped, planned the same way
+    32@full        a budget with memory.recompute_policy set (full or selective): the planner tries only it
+    recompute:dit:full, recompute:dit:selective, recompute:dit+llm:selective, ...
+                   uncapped, planned the same way, with memory.recompute and memory.recompute_policy set:
+                   the policies' peaks and samples/s side by side
 
 Per row it prints the measured peak (torch.cuda.max_memory_allocated over the run, and after step 1) next to
 the prediction per component. The states are predicted exactly, so what the peak holds beyond them is the
 activations and the workspace: over the rows, `gpu_factor` (what the GPU keeps over the CPU-counted activation
 model) and `cuda_workspace_gib` are fitted by least squares (the workspace kept as it is where the rows'
 activations do not differ enough), printed, and with --write-calibration written to
-gr00t_train/memory/calibration.json, which the planner reads. A budget the planner refuses is a row with its
-error. About 1-1.5 minutes a row on an H200 (compilation, 30 steps).
+gr00t_train/memory/calibration.json, which the planner reads. Rows whose blocks are recomputed selectively are
+left out of that fit (compiled selective checkpointing keeps exactly what its policy says, which the factor
+fitted to plain and fully recomputed rows need not describe); their measured over predicted activations are
+printed beside it. A budget the planner refuses is a row with its error. About 1-1.5 minutes a row on an
+H200 (compilation, 30 steps).
+
+The recompute policies on n1.6-3b (DiT recomputed, full against selective, and both beside the default run):
+
+    source benchmarks/gpu_env.sh && python benchmarks/memory_budget.py --dataset /tmp/libero \
+        --rows none,recompute:dit:full,recompute:dit:selective \
+        --json benchmarks/results/memory_recompute_policy_h200_<date>.json
 
     python -m vla_io synth /tmp/libero --preset libero --episodes 10 --image-size 256
     source benchmarks/gpu_env.sh && python benchmarks/memory_budget.py --dataset /tmp/libero \\
@@ -40,7 +53,8 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", type=Path, required=True)
     p.add_argument("--cameras", default="image,wrist_image")
-    p.add_argument("--rows", default="24,32,48,none,lora", help="budgets in GiB, none, lora")
+    p.add_argument("--rows", default="24,32,48,none,lora",
+                   help="budgets in GiB (optionally @full or @selective), none, lora, recompute:BLOCKS:POLICY")  # fmt: skip
     p.add_argument("--batch", type=int, default=16, help="effective batch per GPU")
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--steps", type=int, default=30)
@@ -62,16 +76,28 @@ def _gpu_gib() -> float:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
+def row_settings(row: str) -> tuple[float | None, list[str]]:
+    """A row's budget (None: uncapped) and the memory settings it adds: `32`, `32@selective`, `none`, `lora`,
+    `recompute:dit+llm:full`."""
+    if row in ("none", "lora"):
+        return None, []
+    if row.startswith("recompute:"):
+        _, blocks, policy = row.split(":")
+        return None, [f"memory.recompute=[{blocks.replace('+', ',')}]", f"memory.recompute_policy={policy}"]
+    budget, _, policy = row.partition("@")
+    return float(budget), [f"memory.recompute_policy={policy}"] if policy else []
+
+
 def _run(args: argparse.Namespace, row: str) -> dict:
-    out = args.out / row
+    out = args.out / row.replace(":", "_").replace("@", "_").replace("+", "_")
     lora = row == "lora"
-    budget = None if row in ("none", "lora") else float(row)
+    budget, memory = row_settings(row)
     sets = [
         f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"data.batch_size={args.batch}",
         "model.preset=n1.6-3b", f"steps={args.steps}", f"logging.summary_skip={args.warmup}",
         "logging.progress=false", "logging.plots=false", "eval.every=0", "checkpoint.save_final=false",
         f"output_dir={out}", f"memory.budget_gib={budget if budget is not None else _gpu_gib():g}",
-        *([f"model.lora.rank={args.lora_rank}"] if lora else []), *args.overrides,
+        *([f"model.lora.rank={args.lora_rank}"] if lora else []), *memory, *args.overrides,
     ]  # fmt: skip
     argv = [sys.executable, "-m", "gr00t_train", "train", "--overwrite"]
     for item in sets:
@@ -100,6 +126,7 @@ def _run(args: argparse.Namespace, row: str) -> dict:
     return {
         **base,
         "techniques": plan["techniques"],
+        "recompute": plan.get("recompute", "none"),
         "microbatch": plan["microbatch"],
         "grad_accum": plan["grad_accum"],
         "adam_moments": plan["adam_moments"],
@@ -122,7 +149,9 @@ def fit_calibration(rows: list[dict], workspace_gib: float) -> dict | None:
     points = [
         (r["eager_activations_gib"], r["activations_and_workspace_measured_gib"] - r["dropout_masks_gib"])
         for r in rows
-        if r.get("activations_and_workspace_measured_gib") is not None and r.get("peak_gib")
+        if r.get("activations_and_workspace_measured_gib") is not None
+        and r.get("peak_gib")
+        and "selective" not in r.get("recompute", "")
     ]
     if not points or max(a for a, _ in points) <= 0:
         return None
@@ -144,19 +173,26 @@ def main() -> None:
     for row in args.rows.split(","):
         rows.append(_run(args, row))
         print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'row':<6} {'peak GiB':>8} {'pred GiB':>8} {'samples/s':>9} {'MFU':>6}  techniques")
+    w = max(6, *(len(r["row"]) for r in rows))
+    print(f"\n{'row':<{w}} {'peak GiB':>8} {'pred GiB':>8} {'samples/s':>9} {'MFU':>6}  techniques")
     for r in rows:
         if "error" in r:
-            print(f"{r['row']:<6} refused or failed: {r['error']}")
+            print(f"{r['row']:<{w}} refused or failed: {r['error']}")
             continue
         chosen = ", ".join(r["techniques"]) or "none"
-        print(f"{r['row']:<6} {r['peak_gib'] or 0:>8.2f} {r['predicted_gib']:>8.2f} {r['samples_per_s']:>9.1f} "
+        print(f"{r['row']:<{w}} {r['peak_gib'] or 0:>8.2f} {r['predicted_gib']:>8.2f} {r['samples_per_s']:>9.1f} "
               f"{100 * (r['mfu'] or 0):>5.1f}%  {chosen} "
-              f"(microbatch {r['microbatch']} x {r['grad_accum']}, moments {r['adam_moments']})")  # fmt: skip
+              f"(microbatch {r['microbatch']} x {r['grad_accum']}, moments {r['adam_moments']}, "
+              f"recompute {r['recompute']})")  # fmt: skip
     from gr00t_train.memory.activations import CALIBRATION_FILE, calibration
 
     current = calibration()
     fitted = fit_calibration(rows, current["cuda_workspace_gib"])
+    for r in rows:  # selective rows: what the calibration in use predicts for them against what they kept
+        if "selective" in r.get("recompute", "") and r.get("peak_gib"):
+            predicted = r["predicted"]["activations"] + r["predicted"]["workspace"]
+            print(f"{r['row']}: activations and workspace measured {r['activations_and_workspace_measured_gib']:.2f}"
+                  f" GiB, predicted {predicted:.2f} GiB")  # fmt: skip
     print(f"\ncalibration in use: gpu_factor {current['gpu_factor']}, workspace {current['cuda_workspace_gib']} GiB "
           f"({current['source']})\nfitted to these rows: {fitted}")  # fmt: skip
     if fitted is not None and args.write_calibration:
