@@ -14,10 +14,11 @@ from gr00t_train.metrics.startup import MODEL_PARTS
 CPU_PARTS = ("run_folder", "data_plan", "imports", "start_facts", "tokenizer", "weights", "frozen_prefix")
 
 
-def _check_parts(summary: dict) -> dict[str, float]:
+def _check_parts(summary: dict, cuda: bool = False) -> dict[str, float]:
     parts = summary["startup_model_parts"]
     assert set(CPU_PARTS) <= set(parts)
-    assert not {"device", "device_sync", "adapters"} & set(parts)  # CUDA only; LoRA only
+    assert ({"device", "device_sync"} <= set(parts)) == cuda  # the CUDA context and the build's kernels
+    assert "adapters" not in parts  # LoRA only
     assert list(parts) == [name for name in (*MODEL_PARTS, "other") if name in parts]  # in the order they ran
     assert all(seconds >= 0 for seconds in parts.values())
     rounding = 0.0005 * (len(parts) + 1)  # each value and the phase are rounded to the millisecond
@@ -32,6 +33,13 @@ def test_a_run_names_the_parts_of_its_model_phase(dataset, tmp_path, train_args,
     parts = _check_parts(json.loads((out / "summary.json").read_text()))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("start-up, model phase: ")]
     assert len(lines) == 1 and all(f"{name} " in lines[0] for name in parts)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_context_and_the_builds_kernels_are_parts_too(dataset, tmp_path, train_args) -> None:
+    out = tmp_path / "run"
+    assert main(train_args(dataset, out, "device=cuda", "steps=1", "checkpoint.save_final=false")) == 0
+    _check_parts(json.loads((out / "summary.json").read_text()), cuda=True)
 
 
 @pytest.fixture
