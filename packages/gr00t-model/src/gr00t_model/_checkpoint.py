@@ -156,7 +156,8 @@ def from_pretrained(
             )
         return built
 
-    expected = dict(build("meta").state_dict())
+    skeleton = build("meta")  # the expected tensors, and the model itself when the files provide them all
+    expected = dict(skeleton.state_dict())
     report.unexpected = sorted(k for k in mapped if k not in expected)
     report.missing = sorted(k for k in expected if k not in mapped)
     if strict and (report.missing or report.unexpected):
@@ -165,8 +166,7 @@ def from_pretrained(
     if report.missing:
         model = build(device)
     else:
-        model = build("meta")
-        model.to_empty(device=device)
+        model = skeleton.to_empty(device=device)
     report.loaded = _copy_in(model, expected, mapped)
     log.info("%s", report)
     if report.missing or report.unexpected:
