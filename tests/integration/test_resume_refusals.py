@@ -134,7 +134,8 @@ def test_a_checkpoint_that_unpickles_code_is_refused_without_torchs_advice(
 
 def test_harmless_changes_resume_and_continue_the_trajectory(run, dataset, train_args, losses) -> None:
     reference = losses(run)
-    sets = ("logging.every=2", "checkpoint.every=2", "checkpoint.keep_last=5", "eval.every=0")
+    sets = ("logging.every=2", "checkpoint.every=2", "checkpoint.keep_last=5", "eval.every=0",
+            "memory.recompute=[dit,llm]", "memory.recompute_policy=selective")  # fmt: skip
     assert _resume(train_args, dataset, run, *sets) == 0
     assert losses(run) == reference  # steps 4-6 again, bit for bit
 

@@ -19,7 +19,7 @@ from ..config.sections import TrainConfig
 
 HARMLESS = (
     "output_dir", "device", "model.checkpoint", "checkpoint.", "logging.", "eval.", "memory.recompute",
-    "memory.budget_gib",  # what it changes (microbatch, accumulation, moments) is compared itself
+    "memory.recompute_policy", "memory.budget_gib",  # what it changes (microbatch, accumulation, moments) is compared itself
     "data.dataset",  # the path: the dataset itself is compared by its fingerprint
     "data.num_workers", "data.prefetch", "data.worker_timeout_s", "data.max_bad_fraction",
     "data.decode_device", "data.augment_backend", "data.prefix_cache.dir", "data.prefix_cache.build_batch_size",
