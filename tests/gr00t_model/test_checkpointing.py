@@ -4,6 +4,7 @@ and the selective policy; the selective one recomputes no GEMM, eager or compile
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -104,12 +105,10 @@ def _backward_ops_by_policy(policies: tuple[str, ...], compiled: bool) -> dict[s
             model.compile_blocks(backend="aot_eager")
         try:
             counts[policy] = _backward_ops(model)
-            selective = model.selectively_recomputed()
-            assert all(getattr(b, "checkpoints_itself", False) == compiled for b in selective)
+            recomputed = model.recomputed_blocks()
+            assert all(getattr(b, "checkpoints_itself", False) == compiled for b in recomputed)
             config = model.config
-            assert len(selective) == (config.dit_num_layers + config.tune_top_llm_layers) * (
-                policy == "selective"
-            )
+            assert len(recomputed) == (config.dit_num_layers + config.llm_num_layers) * (policy != "none")
         finally:
             model.uncompile_blocks()
             torch._dynamo.reset()
@@ -132,30 +131,52 @@ def test_selective_recomputes_no_gemm() -> None:
     assert counts["selective"][ATTENTION] == counts["none"][ATTENTION]
 
 
-def test_compiled_selective_recomputes_no_gemm() -> None:
-    """compile_blocks compiles the checkpoint with each selectively recomputed block (aot_eager: the
-    partitioner's graphs on aten kernels), and the policy holds there: the backward recomputes cheap ops
-    (it runs more ops than without recompute) but no GEMM and no attention."""
-    counts = _backward_ops_by_policy(("none", "selective"), compiled=True)
+def test_compiled_recompute_follows_its_policy() -> None:
+    """compile_blocks compiles the checkpoint with each recomputed block (aot_eager: the partitioner's graphs
+    on aten kernels), and the policy holds there: full recompute runs GEMMs, attention and norms again in the
+    backward; selective runs cheap ops again (more ops than without recompute) but no GEMM and no attention.
+    The backward runs under a TorchDispatchMode (the op counter): a checkpoint around a compiled block would
+    recompute through the eager forward there (Dynamo skips frames under such a mode) and fail."""
+    counts = _backward_ops_by_policy(("none", "full", "selective"), compiled=True)
+    norm = "native_layer_norm"
+    assert counts["full"]["addmm"] > 0 and counts["full"][norm] > 0
+    assert counts["full"][ATTENTION] > counts["none"][ATTENTION]
     assert counts["selective"]["addmm"] == counts["none"]["addmm"] == 0
     assert counts["selective"][ATTENTION] == counts["none"][ATTENTION]
     assert counts["selective"].total() > counts["none"].total()
 
 
-def test_compiled_selective_recompute_gives_the_same_loss_and_gradients() -> None:
-    """compile_blocks with the selective policy: the same loss and gradients as the compiled blocks without
-    recompute (aot_eager: the same aten kernels on the same inputs)."""
-    results = []
-    for blocks in ((), ("dit", "llm")):
-        model = _model(blocks, checkpoint_policy="selective")
+@functools.cache  # the baseline (nothing recomputed) once per backend
+def _compiled_loss_and_grads(blocks: tuple[str, ...], policy: str, backend: str):
+    model = _model(blocks, checkpoint_policy=policy)
+    torch._dynamo.reset()
+    model.compile_blocks(backend=backend)
+    try:
+        assert all(getattr(b, "checkpoints_itself", False) for b in model.recomputed_blocks())
+        return _loss_and_grads(blocks, model)
+    finally:
+        model.uncompile_blocks()
         torch._dynamo.reset()
-        model.compile_blocks(backend="aot_eager")
-        try:
-            results.append(_loss_and_grads(blocks, model))
-        finally:
-            model.uncompile_blocks()
-            torch._dynamo.reset()
-    (loss, grads), (again, regrads) = results
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+@pytest.mark.parametrize("blocks", [("dit",), ("llm",)])
+def test_compiled_recompute_gives_the_same_loss_and_gradients(blocks, policy) -> None:
+    """compile_blocks with recomputed DiT blocks or Qwen3 layers: the same loss and gradients as the compiled
+    blocks without recompute, bit for bit (aot_eager: the same aten kernels on the same inputs)."""
+    loss, grads = _compiled_loss_and_grads((), "full", "aot_eager")
+    again, regrads = _compiled_loss_and_grads(blocks, policy, "aot_eager")
+    assert torch.equal(loss, again)
+    assert grads.keys() == regrads.keys() and len(grads) > 0
+    for name, grad in grads.items():
+        assert torch.equal(grad, regrads[name]), name
+
+
+@pytest.mark.slow
+def test_inductor_compiled_full_recompute_gives_the_same_loss_and_gradients() -> None:
+    """As above with Inductor's CPU kernels and both block types recomputed under the full policy."""
+    loss, grads = _compiled_loss_and_grads((), "full", "inductor")
+    again, regrads = _compiled_loss_and_grads(("dit", "llm"), "full", "inductor")
     assert torch.equal(loss, again)
     assert grads.keys() == regrads.keys() and len(grads) > 0
     for name, grad in grads.items():

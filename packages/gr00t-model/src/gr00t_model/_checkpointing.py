@@ -12,9 +12,13 @@ dropout masks come in as inputs, drawn once per step), which is also why the ran
 restored around the recomputation (that would read the CUDA generator's state, which a CUDA graph capture
 forbids).
 
-A compiled block (`GR00TN16.compile_blocks`) under the selective policy compiles the checkpoint with it
-(`checkpointed_forward`): torch.compile reads the policy and its partitioner keeps what the policy saves, where
-eager selective checkpointing around a compiled block would see only the compiled kernels."""
+A compiled block (`GR00TN16.compile_blocks`) compiles the checkpoint with it, under either policy
+(`checkpointed_forward`): torch.compile reads the policy, its partitioner keeps what the policy saves, and the
+compiled backward graph does the recomputation. An eager checkpoint around a compiled block would instead run
+the compiled forward again from the backward, where torch.compile may not run it: under a TorchDispatchMode
+(FlopCounterMode, op counters) Dynamo skips the frame and the eager forward runs, saving other tensors than the
+compiled one did, and torch.utils.checkpoint stops with "Recomputed values ... have different metadata". The
+selective policy would also see only the compiled kernels there, not the ops it chooses among."""
 
 from __future__ import annotations
 
@@ -56,7 +60,9 @@ selective_contexts = functools.partial(create_selective_checkpoint_contexts, _se
 def run_block(block: nn.Module, *args: Any, recompute: bool, policy: str = "full", **kwargs: Any) -> Any:
     """`block(*args, **kwargs)`, with its activations recomputed in the backward under `policy` when
     `recompute` and a backward will need them (gradients on, and the block trains or its input carries a
-    gradient). A block compiled on its own is recomputed whole: selective checkpointing must see the ops."""
+    gradient). A block compiled with its checkpoint (compile_blocks) does that itself. A block compiled on its
+    own (not by compile_blocks) is recomputed whole, its compiled forward run again from the backward: selective
+    checkpointing must see the ops, and that backward must not run under a TorchDispatchMode (see above)."""
     if getattr(block, "checkpoints_itself", False):  # compiled with the checkpoint inside (compile_blocks)
         return block(*args, **kwargs)
     if recompute and torch.is_grad_enabled() and _needs_backward(block, args):

@@ -162,14 +162,12 @@ class GR00TN16(nn.Module):
         the cross-attention masks)."""
         return [*self.backbone.once_per_step(), (self.action_head, "features")]
 
-    def selectively_recomputed(self) -> list[nn.Module]:
-        """The blocks recomputed under the selective policy (checkpoint_blocks, checkpoint_policy) that
-        train; compile_blocks compiles their checkpoint with them (`_checkpointing.checkpointed_forward`)."""
-        if self.config.checkpoint_policy != "selective":
-            return []
+    def recomputed_blocks(self) -> list[nn.Module]:
+        """The blocks of checkpoint_blocks (DiT blocks, Qwen3 layers): each recomputes its activations under
+        checkpoint_policy whenever a backward needs them (gradients on, and it trains or its input carries a
+        gradient). compile_blocks compiles the checkpoint with each (`_checkpointing.checkpointed_forward`)."""
         dit, lm = self.action_head.model, self.backbone.language_model
-        blocks = [*(dit.transformer_blocks if dit.recompute else ()), *(lm.layers if lm.recompute else ())]
-        return [b for b in blocks if any(p.requires_grad for p in b.parameters())]
+        return [*(dit.transformer_blocks if dit.recompute else ()), *(lm.layers if lm.recompute else ())]
 
     @staticmethod
     def kept_by_selective_recompute(op: Any) -> bool:
@@ -182,21 +180,23 @@ class GR00TN16(nn.Module):
         not change). Compiled per block class, so each block type (and each distinct input signature, e.g.
         frozen vs trainable Qwen3 layers) compiles once and every instance reuses it. So do the eager pieces
         that run once per step around them (`once_per_step`: patch embedding, connector, image placement);
-        the rest stays eager. `options` go to torch.compile (default: dynamic=False, and with Inductor this
-        module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given). Returns the count of
-        repeated blocks."""
+        the rest stays eager. A block of checkpoint_blocks compiles with its checkpoint (`recomputed_blocks`):
+        its compiled backward does the recomputation. `options` go to torch.compile (default: dynamic=False,
+        and with Inductor this module's `INDUCTOR_OPTIONS` unless `mode` or Inductor `options` are given).
+        Returns the count of repeated blocks."""
         options = {"dynamic": False, **options}
         if options.get("backend", "inductor") == "inductor":
             let_multi_kernels_load_from_cache()
             if "mode" not in options:
                 options["options"] = {**INDUCTOR_OPTIONS, **options.get("options", {})}
         blocks = self.repeated_blocks()
-        selective = self.selectively_recomputed()
+        recomputed = self.recomputed_blocks()
         for block, name in [(block, "forward") for block in blocks] + self.once_per_step():
             if name not in vars(block):
                 method = getattr(type(block), name).__get__(block)
-                if name == "forward" and block in selective:  # the checkpoint compiled with the block
-                    method, block.checkpoints_itself = checkpointed_forward(block, "selective"), True
+                if name == "forward" and block in recomputed:  # the checkpoint compiled with the block
+                    policy = self.config.checkpoint_policy
+                    method, block.checkpoints_itself = checkpointed_forward(block, policy), True
                 setattr(block, name, torch.compile(method, **options))
         dit = self.action_head.model
         if dit.grad_sum is None:  # the DiT context cast's gradient sum: one fused kernel (_context_cast)
