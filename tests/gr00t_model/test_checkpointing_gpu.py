@@ -67,9 +67,17 @@ def test_compiled_recompute_trains_the_same_numbers(policy) -> None:
     assert recomputed and all(getattr(b, "checkpoints_itself", False) for b in recomputed)
     torch.testing.assert_close(again, loss, rtol=1e-5, atol=1e-6)
     assert grads.keys() == regrads.keys()
+    largest = max(grad.abs().max().item() for grad in grads.values())
     for name, grad in grads.items():
+        # A key projection's bias has a zero gradient in exact arithmetic (softmax ignores a shift shared by
+        # every key of a query): both runs hold rounding noise, bounded by the scale of the other gradients.
+        scale = largest if name.endswith(("to_k.bias", "k_proj.bias")) else grad.abs().max().item()
         torch.testing.assert_close(
-            regrads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=name
+            regrads[name],
+            grad,
+            rtol=1e-4,
+            atol=1e-5 * scale,
+            msg=lambda detail, name=name: f"{name}: {detail}",
         )
     assert rekept < kept, (policy, rekept, kept)
     model.uncompile_blocks()
