@@ -3,9 +3,10 @@
 # whose results BENCHMARKS.md reports. Each argument names one check; several run in the order given
 # (`bash benchmarks/device_checks.sh zero1 multigpu scaling`); none means `all`.
 #
-#   tests    the whole GPU suite, `pytest tests -m gpu` (about 8 minutes on one H200)
-#   tests1   its first half: the integration, vla-overlap and gr00t-model GPU files ($half1 below)
-#   tests2   its second half: every other GPU test file
+#   tests    the whole GPU suite, `pytest tests -m gpu` (over 10 minutes on one H200): the three parts below
+#   tests1   its gr00t-model and gr00t-train files (about 4 minutes)
+#   tests2   its integration files: whole training runs on the GPU (about 6 minutes)
+#   tests3   its vla-io, vla-overlap and vla-graph files (about 3 minutes)
 #   ladder   the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
 #   all      tests, then ladder
 #   speed    the full step (and with FP8 for the frozen prefix) beside torch.compile(mode="reduce-overhead")
@@ -33,29 +34,24 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt"
 status=0
 gpus=$(nvidia-smi --list-gpus | wc -l)
-half1="tests/integration/test_gpu.py tests/vla_overlap/test_gpu.py tests/gr00t_model/test_gpu.py
-  tests/gr00t_model/test_frozen_linear_gpu.py tests/gr00t_model/test_grouped_matmul_gpu.py
-  tests/gr00t_model/test_attention_gpu.py"
+parts=("tests/gr00t_model tests/gr00t_train" "tests/integration" "tests/vla_io tests/vla_overlap tests/vla_graph")
+gpu_tests() {  # gpu_tests NAME DIRS...: one pytest run of the GPU tests in DIRS, with its slowest tests named
+  local name=$1; shift
+  # shellcheck disable=SC2068  # the directories split on purpose
+  python3 -m pytest $@ -m gpu -q -rfE --tb=short --durations=15 -p no:cacheprovider > "$out/$name.txt" 2>&1 || status=1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$out/$name.txt" | tail -n 12
+}
 libero() {
   data=/tmp/libero
   [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
 }
 for what in "${@:-all}"; do
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest tests -m gpu -q -p no:cacheprovider > "$out/pytest_gpu.txt" 2>&1 || status=1
-  tail -n 25 "$out/pytest_gpu.txt"
-fi
-if [ "$what" = tests1 ]; then
-  # shellcheck disable=SC2086  # the file list splits on purpose
-  python3 -m pytest -m gpu -q -p no:cacheprovider $half1 > "$out/pytest_gpu_part1.txt" 2>&1 || status=1
-  tail -n 5 "$out/pytest_gpu_part1.txt"
-fi
-if [ "$what" = tests2 ]; then
-  ignored=$(for f in $half1; do printf -- "--ignore=%s " "$f"; done)
-  # shellcheck disable=SC2086
-  python3 -m pytest tests -m gpu -q -p no:cacheprovider $ignored > "$out/pytest_gpu_part2.txt" 2>&1 || status=1
-  tail -n 5 "$out/pytest_gpu_part2.txt"
-fi
+for part in 1 2 3; do
+  if [ "$what" = "tests$part" ] || [ "$what" = tests ] || [ "$what" = all ]; then
+    # shellcheck disable=SC2086
+    gpu_tests "pytest_gpu_part$part" ${parts[$((part - 1))]}
+  fi
+done
 if [ "$what" = ladder ] || [ "$what" = all ]; then
   libero
   (cd benchmarks && python3 train_ablation.py --dataset "$data" --steps 20 --warmup 6 --workers 12 \
