@@ -2,8 +2,9 @@
 alive until Python's cyclic collector ran: four saves of n1.6-3b held four 19.4 GB snapshots); the host pool's
 reservation for a list of sizes leaves the first save nothing to allocate, where a reservation of their total
 does not; the snapshot buffer is reused across saves, replaced when the state outgrows it and freed when the
-device has no room for it; a run's first save finds its slots reserved, and each save's stall is split into
-parts that add up to it. The CUDA side: test_staging_gpu.py."""
+device has no room for it, and stays inside the allocator's cap and memory.budget_gib; a run's first save finds
+its slots reserved, and each save's stall is split into parts that add up to it. The CUDA side:
+test_staging_gpu.py."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import gc
 import pytest
 import torch
 from gr00t_train.checkpoint import host_pool
+from gr00t_train.checkpoint import staging as staging_module
 from gr00t_train.checkpoint.host_pool import ALIGN, HostPool, plan_chunks
 from gr00t_train.checkpoint.snapshot import SnapshotBuffer, layout
-from gr00t_train.checkpoint.staging import Staging
+from gr00t_train.checkpoint.staging import Staging, device_room
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 @pytest.fixture
@@ -122,3 +125,20 @@ def test_a_runs_first_save_finds_its_slots_reserved_and_its_stall_is_split_into_
     facts = trainer.last_summary and trainer.run_facts()
     assert len(facts["checkpoint_stall_parts_s"]) == 2
     assert facts["checkpoint_memory_gib"] == [] and facts["peak_memory_before_saves_gib"] is None  # CPU
+
+
+def test_a_snapshot_stays_inside_the_allocator_cap_and_the_memory_budget(monkeypatch) -> None:
+    # A 141 GiB device with 100 GiB free; the steps peaked at 30 GiB, 20 GiB allocated now (between steps).
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (100 * GiB, 141 * GiB))
+    monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: 32 * GiB)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: 30 * GiB)
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda device=None: 1.0, raising=False)
+    device = torch.device("cuda")
+    margin = staging_module.SNAPSHOT_MARGIN
+    assert device_room(device) == 100 * GiB + 32 * GiB - 30 * GiB - margin  # the device's free memory
+    assert device_room(device, budget_bytes=40 * GiB) == 10 * GiB - margin  # memory.budget_gib=40
+    capped = 48 * GiB / (141 * GiB)  # the allocator capped at 48 GiB (a smaller card emulated)
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda device=None: capped, raising=False)
+    assert abs(device_room(device) - (18 * GiB - margin)) < 1024
+    assert abs(device_room(device, budget_bytes=40 * GiB) - (10 * GiB - margin)) < 1024

@@ -69,7 +69,8 @@ class CheckpointComponent:
         self.saves = SaveLog()
         """This session's saves: the loop's stall, write seconds and bytes, failures (summary.json)."""
         self._inflight: BackgroundWrite | None = None
-        self.staging = Staging(env.device)
+        budget = cfg.memory.budget_gib
+        self.staging = Staging(env.device, budget_bytes=None if budget is None else int(budget * 2**30))
         """Host copies of a save's state, into a pool reused by every save (`checkpoint.staging`)."""
         self.saves.update_wait_s = self.staging.update_wait_s  # one list: the staging appends to it
         self._update_hook = None

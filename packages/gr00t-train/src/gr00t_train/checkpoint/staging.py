@@ -48,15 +48,28 @@ SNAPSHOT_MARGIN = 2 << 30
 """Device memory left free, beyond the steps' own headroom, when the state is copied on the device first."""
 
 
-def device_room(device: torch.device) -> int:
+def device_room(device: torch.device, budget_bytes: int | None = None) -> int:
     """Bytes a snapshot may take on `device` without taking what the next steps need: free memory (on the
     device and cached by torch's allocator) less the headroom the peak so far needed above what is
-    allocated now (a save runs between steps, when activations are freed) and a margin."""
-    free, _ = torch.cuda.mem_get_info(device)
-    allocated = torch.cuda.memory_allocated(device)
-    cached = torch.cuda.memory_reserved(device) - allocated
-    headroom = torch.cuda.max_memory_allocated(device) - allocated
-    return free + cached - headroom - SNAPSHOT_MARGIN
+    allocated now (a save runs between steps, when activations are freed) and a margin. Within a limit
+    (the allocator's per-process fraction, `memory.budget_gib`), no more than the limit less that peak."""
+    free, total = torch.cuda.mem_get_info(device)
+    peak = torch.cuda.max_memory_allocated(device)  # what is allocated now plus the steps' headroom
+    room = free + torch.cuda.memory_reserved(device) - peak
+    for limit in (_allocator_limit(device, total), budget_bytes):
+        if limit is not None:
+            room = min(room, limit - peak)
+    return room - SNAPSHOT_MARGIN
+
+
+def _allocator_limit(device: torch.device, total: int) -> int | None:
+    """The bytes torch's allocator may hold on `device` when capped below the whole device
+    (torch.cuda.set_per_process_memory_fraction); None when uncapped or this torch cannot say."""
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is None:
+        return None
+    value = fraction(device)
+    return int(value * total) if value < 1.0 else None
 
 
 def _cuda_tensors(tree: Any) -> list[torch.Tensor]:
@@ -72,13 +85,19 @@ def _cuda_tensors(tree: Any) -> list[torch.Tensor]:
 class Staging:
     """Host copies of a save's state, into a pool reused by every save (see the module docstring)."""
 
-    def __init__(self, device: torch.device, device_copies: bool | None = None) -> None:
+    def __init__(
+        self, device: torch.device, device_copies: bool | None = None, budget_bytes: int | None = None
+    ) -> None:
         self.device = device
+        self.budget_bytes = budget_bytes
+        """Device memory the run may use (`memory.budget_gib`); a snapshot stays inside it. None: the device's."""
         self.cuda = device.type == "cuda"
         self.device_copies = device_copies
         """Copy guarded state on the device first: None when `device_room` allows, True always, False never."""
         self.pool = HostPool(pinned=self.cuda)
-        self.snapshot = SnapshotBuffer(device, lambda: device_room(device)) if self.cuda else None
+        self.snapshot = (
+            SnapshotBuffer(device, lambda: device_room(device, budget_bytes)) if self.cuda else None
+        )
         """The device buffer kept between saves that the guarded state is copied into first."""
         self._copies_ended: torch.cuda.Event | None = (
             None  # the last save's host copies (they read the snapshot)
@@ -121,7 +140,7 @@ class Staging:
         self._guard, self.snapshot_bytes = False, 0
         self.memory = {}
         if self.cuda:  # gathered buckets held until copied take what a snapshot would (the next step runs)
-            self.held_limit = max(1 << 30, device_room(self.device))
+            self.held_limit = max(1 << 30, device_room(self.device, self.budget_bytes))
             self.memory = {
                 "allocated_before": torch.cuda.memory_allocated(self.device) / GiB,
                 "peak_before": torch.cuda.max_memory_allocated(self.device) / GiB,
