@@ -20,6 +20,16 @@
 #   multigpu the tests that need two or more GPUs, `pytest tests -m multigpu`
 #   profile  the full stack at world size 1 and at every GPU with 3 steps under torch.profiler
 #            (`logging.profile_steps`): kernel time by family and rank 0's timeline per world size
+#   job      the whole job: 2,000 steps with a checkpoint and a validation every 500, cold and warm start-up
+#            (benchmarks/time_to_model.py; about 7 minutes)
+#   memory   the memory budgets 24, 32 and 48 GiB, uncapped and LoRA rank 32, refitting the planner's GPU
+#            calibration (benchmarks/memory_budget.py; about 7 minutes)
+#   loss     300-step loss curves of FP8, 8-bit moments and LoRA against full precision, and the reference
+#            twice (benchmarks/loss_parity.py; about 8 minutes)
+#   data     a 3-dataset mixture beside one dataset, then the frozen-prefix cache beside video
+#            (benchmarks/mixture.py, benchmarks/prefix_cache.py; about 9 minutes)
+#   io       vla-io on a LeRobot v3.0 set of real-size files (2,000 episodes in 200 MB videos), 4 minutes of
+#            loading with memory and open files sampled (benchmarks/io_scale.py; about 9 minutes)
 #
 # Needs PyAV and torchcodec: benchmarks/gpu_env.sh installs them from wheels in .gpu/whl (benchmarks/README.md
 # says how to get them). Results go to $OUT (default /tmp/device_checks): gpu.txt (the GPU, driver and torch),
@@ -95,6 +105,36 @@ if [ "$what" = speed ]; then
   python3 benchmarks/step_variants.py --rows ours-full,ours-full-fp8,free-reduce-overhead,parity,parity=ours-full-fp8 --steps 30 --warmup 5 \
     --json "$out/step_variants_h200_$day.json" > "$out/step_variants.log" 2>&1 || status=1
   tail -n 20 "$out/step_variants.log"
+fi
+if [ "$what" = job ]; then
+  [ -f /tmp/libero20/meta/info.json ] || python3 -m vla_io synth /tmp/libero20 --preset libero --episodes 20 > /dev/null
+  python3 benchmarks/time_to_model.py --dataset /tmp/libero20 --json "$out/time_to_model_h200_$day.json" \
+    > "$out/job.log" 2>&1 || status=1
+  tail -n 25 "$out/job.log"
+fi
+if [ "$what" = memory ]; then
+  libero
+  python3 benchmarks/memory_budget.py --dataset "$data" --rows 24,32,48,none,lora --write-calibration \
+    --json "$out/memory_budget_h200_$day.json" > "$out/memory.log" 2>&1 || status=1
+  cp packages/gr00t-train/src/gr00t_train/memory/calibration.json "$out/"
+  tail -n 12 "$out/memory.log"
+fi
+if [ "$what" = loss ]; then
+  [ -f /tmp/libero20/meta/info.json ] || python3 -m vla_io synth /tmp/libero20 --preset libero --episodes 20 > /dev/null
+  python3 benchmarks/loss_parity.py --dataset /tmp/libero20 --json "$out/loss_parity_h200_$day.json" \
+    > "$out/loss.log" 2>&1 || status=1
+  tail -n 12 "$out/loss.log"
+fi
+if [ "$what" = data ]; then
+  python3 benchmarks/mixture.py --json "$out/mixture_h200_$day.json" > "$out/mixture.log" 2>&1 || status=1
+  tail -n 8 "$out/mixture.log"
+  python3 benchmarks/prefix_cache.py --json "$out/prefix_cache_h200_$day.json" > "$out/prefix_cache.log" 2>&1 || status=1
+  tail -n 10 "$out/prefix_cache.log"
+fi
+if [ "$what" = io ]; then
+  python3 benchmarks/io_scale.py --device cuda --sets real --minutes 4 --json "$out/io_scale_h200_$day.json" \
+    > "$out/io_scale.log" 2>&1 || status=1
+  tail -n 15 "$out/io_scale.log"
 fi
 done
 exit $status
