@@ -175,11 +175,31 @@ def moments8_refusals(ctx: Any) -> dict[str, Any]:
     return out
 
 
+def _gathered_bytes(opt: DistributedAdamW, take: Any) -> tuple[Any, int]:
+    """(what `take()` returns, bytes its all-gathers received on this rank): the state dict's own gathers (the
+    parameters' gather the last step started is finished first)."""
+    opt._model.finish_param_sync()
+    comm, counted = opt._comm, [0]
+    plain = comm.all_gather
+
+    def counting(output: torch.Tensor, input: torch.Tensor) -> Any:
+        counted[0] += output.numel() * output.element_size()
+        return plain(output, input)
+
+    comm.all_gather = counting
+    try:
+        return take(), counted[0]
+    finally:
+        del comm.all_gather  # the class's method again
+
+
 def moments8_staged_resume(ctx: Any, steps: int = 4) -> dict[str, Any]:
-    """One rank, as a checkpoint staged beside training takes it: 2 steps, `state_dict(on_device=True,
-    encoded_moments=True)` copied to fresh CPU tensors, one more step (the live buffers move on), then the
-    copy decoded (`decode_moments`) and compared with the decoded state dict taken at the save; a fresh run
-    resumed from it steps twice more, against 4 steps straight."""
+    """At any world size, as a checkpoint staged beside training takes it: 2 steps, `state_dict(on_device=True,
+    encoded_moments=True)` copied to fresh CPU tensors (at one rank views of the live buffers; at more, of the
+    gathered codes and scales) and `state_dict(keep=..., encoded_moments=True)` as gr00t-train's staging takes it
+    at more ranks, one more step (the live buffers move on), then both decoded (`decode_moments`) and compared
+    with the decoded state dict taken at the save; a fresh run resumed from it steps twice more, against 4 steps
+    straight. Also the bytes each state dict's all-gathers received."""
     from vla_overlap import decode_moments
     from vla_overlap._moments8_state import ENCODED
 
@@ -207,15 +227,19 @@ def moments8_staged_resume(ctx: Any, steps: int = 4) -> dict[str, Any]:
     saving = build()
     run(saving, range(2))
     module, _, opt, sched = saving
-    encoded = opt.state_dict(on_device=True, encoded_moments=True)
+    encoded, encoded_bytes = _gathered_bytes(
+        opt, lambda: opt.state_dict(on_device=True, encoded_moments=True)
+    )
     kinds = {key: type(value).__name__ for entry in encoded["state"].values() for key, value in entry.items()}
     formats = {v["format"] for e in encoded["state"].values() for v in e.values() if isinstance(v, dict)}
     staged = copy_out(encoded)
-    reference = opt.state_dict()
+    kept = opt.state_dict(keep=lambda t: t.detach().to("cpu", copy=True), encoded_moments=True)
+    reference, decoded_bytes = _gathered_bytes(opt, opt.state_dict)
+    masters_bytes = sum(m.numel() * 4 for m in opt.masters) * ctx.world_size if ctx.world_size > 1 else 0
     model_state = {k: v.clone() for k, v in module.state_dict().items()}
     sched_state = sched.state_dict()
-    run(saving, range(2, 3))  # the live buffers move on; the staged copy keeps the save step
-    decoded = decode_moments(staged)
+    run(saving, range(2, 3))  # the live buffers move on; the staged copies keep the save step
+    decoded, decoded_kept = decode_moments(staged), decode_moments(kept)
     resumed = build()
     resumed[0].load_state_dict(model_state)
     resumed[2].load_state_dict(decoded)
@@ -226,7 +250,10 @@ def moments8_staged_resume(ctx: Any, steps: int = 4) -> dict[str, Any]:
         "formats": sorted(formats),
         "encoded_format": ENCODED,
         "decoded": _entries(decoded),
+        "decoded_kept": _entries(decoded_kept),
         "reference": _entries(reference),
+        "gathered": {"encoded": encoded_bytes, "decoded": decoded_bytes, "masters": masters_bytes},
+        "split": any(piece.numel < opt._model.layout.slots[piece.slot].numel for _, piece, _ in opt.pieces),
         "norms": norms,
         "resumed_norms": resumed_norms,
         "params": params_of(straight[0]),

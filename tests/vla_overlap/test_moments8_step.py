@@ -127,20 +127,36 @@ def test_the_kernel_gives_the_bits_of_the_torch_form() -> None:
         assert all(checks.values()), (case, checks)
 
 
-def test_moments_staged_as_stored_decode_later_to_the_state_dict_and_resume_exactly(pool) -> None:
-    """One rank: `state_dict(on_device=True, encoded_moments=True)` hands each moment over as its codes and
-    block scales (nothing decoded while a training loop would wait); copied out, then decoded with
-    `decode_moments` after the optimizer stepped on, they equal the decoded `state_dict()` of the save step bit
-    for bit (the decode is one fp32 multiply per element, the same on every device), and a run resumed from
-    them continues as the uninterrupted run, bit for bit."""
-    (result,) = pool.run("moments8_staged_resume", 1)
-    assert result["kinds"]["exp_avg"] == "dict" and result["kinds"]["exp_avg_sq"] == "dict"
-    assert result["kinds"]["master"] == "Tensor" and result["formats"] == [result["encoded_format"]]
-    decoded, reference = result["decoded"], result["reference"]
-    assert decoded.keys() == reference.keys()
-    assert {key for _, key in decoded} == {"master", "exp_avg", "exp_avg_sq", "step"}
-    for entry, value in reference.items():
-        assert decoded[entry].dtype == value.dtype and torch.equal(decoded[entry], value), entry
-    assert result["resumed_norms"] == result["norms"][2:]
-    for name, value in result["params"].items():
-        assert torch.equal(result["resumed_params"][name], value), name
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_moments_staged_as_stored_decode_later_to_the_state_dict_and_resume_exactly(pool, world_size) -> None:
+    """`state_dict(on_device=True, encoded_moments=True)` hands each moment over as its codes and block scales
+    (nothing decoded while a training loop would wait): at one rank views of the live buffers, at two the codes
+    and scales of every rank's block-aligned shard, gathered as stored. Copied out (or taken through `keep`, as
+    gr00t-train's staging does at more ranks), then decoded with `decode_moments` after the optimizer stepped
+    on, they equal the decoded `state_dict()` of the save step bit for bit (the decode is one fp32 multiply per
+    element from its code and its block's scale, the same on every device and at every world size), and a run
+    resumed from them at the same world size continues as the uninterrupted run, bit for bit. At two ranks the
+    moments' all-gathers receive 2.125 bytes per element (int8 codes, one fp32 scale per 64) where decoded ones
+    receive 8. At two ranks some parameters are split between the ranks' shards."""
+    results = pool.run("moments8_staged_resume", world_size)
+    assert any(result["split"] for result in results) == (world_size > 1)
+    for result in results:
+        assert result["kinds"]["exp_avg"] == "dict" and result["kinds"]["exp_avg_sq"] == "dict"
+        assert result["kinds"]["master"] == "Tensor" and result["formats"] == [result["encoded_format"]]
+        decoded, reference = result["decoded"], result["reference"]
+        assert decoded.keys() == reference.keys() == result["decoded_kept"].keys()
+        assert {key for _, key in decoded} == {"master", "exp_avg", "exp_avg_sq", "step"}
+        for entry, value in reference.items():
+            assert decoded[entry].dtype == value.dtype and torch.equal(decoded[entry], value), entry
+            assert torch.equal(result["decoded_kept"][entry], value), entry
+        assert result["resumed_norms"] == result["norms"][2:]
+        for name, value in result["params"].items():
+            assert torch.equal(result["resumed_params"][name], value), name
+        gathered = result["gathered"]
+        if world_size == 1:
+            assert gathered == {"encoded": 0, "decoded": 0, "masters": 0}  # views, nothing gathered
+        else:
+            elements = gathered["masters"] // 4  # both moments of every element of every rank's shards
+            assert elements > 0
+            assert gathered["encoded"] - gathered["masters"] == 2 * (elements + elements // 64 * 4)
+            assert gathered["decoded"] - gathered["masters"] == 8 * elements

@@ -9,25 +9,28 @@ once (13 GB for n1.6-3b). The codec is idempotent (_moments8), so a run resumed 
 layout continues bit for bit; at another layout the quantization blocks group other elements, and the loaded
 moments are rounded to the new blocks once.
 
-A caller that copies the state out itself (`state_dict(on_device=True, encoded_moments=True)` at one rank, a
-checkpoint staged beside training) gets each moment as it is stored instead: its codes and block scales on the
-device (`encoded_entry`, 2.125 bytes per element instead of 8, nothing decoded while the loop waits), and
-`decode_moments` turns them into the fp32 format later, on whatever device they were copied to. The codec's
-decode is one fp32 multiply per element (and one more for exp_avg_sq = w * w), which rounds the same on every
-device: the decoded moments are those of `state_dict()`, bit for bit.
+A caller that copies the state out itself (`state_dict(encoded_moments=True)`, a checkpoint staged beside training)
+gets each moment as it is stored instead: its codes and block scales (`stored_moment`, 2.125 bytes per element
+instead of 8, nothing decoded while the loop waits), and `decode_moments` turns them into the fp32 format later,
+on whatever device they were copied to. At one rank they are views of the live buffers; at more, every rank's
+codes and scales are gathered as they are (each shard is whole blocks): 2.125 bytes per element of both moments
+where decoded fp32 ones would move 8, and each parameter's entry is cut out of the gathered bucket. The codec's decode is one
+fp32 multiply per element (and one more for exp_avg_sq = w * w), which rounds the same on every device and
+depends on nothing but the element's code and its block's scale: the decoded moments are those of
+`state_dict()`, bit for bit, at any world size.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._moments8 import QBLOCK, allocate, decode_m, decode_moment, decode_w, encode_moment_
-from ._state import gather_state_dict, scatter_state_dict, whole_at_one_rank
+from ._state import gather_state_dict, scatter_state_dict
 
 if TYPE_CHECKING:
     from ._flat_adamw import FlatAdamW
@@ -35,41 +38,69 @@ if TYPE_CHECKING:
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 ENCODED = "vla_overlap.moment8/1"
-"""The `format` of a moment staged as it is stored (`encoded_entry`)."""
+"""The `format` of a moment staged as it is stored (`stored_moment`)."""
 
 
 def encodable(opt: DistributedAdamW) -> bool:
-    """Whether every piece starts at a quantization block, so its moments can be cut out as whole blocks."""
-    return all(piece.shard_start % QBLOCK == 0 for _, piece, _ in opt.pieces)
+    """Whether every parameter's moments can be cut out of its bucket as whole blocks: each rank's shard and each
+    parameter's place in its bucket start at a quantization block. A property of the layout (shards have the
+    same length on every rank), so every rank gets the same answer."""
+    layout = opt._model.layout
+    stepped = {slot for slots in opt.group_slots for slot in slots}
+    return all(
+        opt.masters[bucket].numel() % QBLOCK == 0
+        and all((layout.slots[s].start - spec.start) % QBLOCK == 0 for s in spec.slots if s in stepped)
+        for bucket, spec in enumerate(layout.buckets)
+    )
 
 
-def encoded_entry(flat: FlatAdamW, bucket: int, piece: Any, key: str, shape: torch.Size) -> dict[str, Any]:
-    """Moment `key` of one piece as stored: views of its codes (whole blocks: the last one's tail is padding)
-    and of its blocks' scales in the bucket's buffers, with the shape `decode_moments` gives it back."""
-    moments = flat.buckets[bucket]
-    start = piece.shard_start
-    end = start + -(-piece.numel // QBLOCK) * QBLOCK
-    return {
-        "format": ENCODED,
-        "codes": moments[key][start:end],
-        "scales": moments[f"{key}_scale"][start // QBLOCK : end // QBLOCK],
-        "shape": list(shape),
-    }
+def _all_gathered(opt: DistributedAdamW, shard: torch.Tensor) -> torch.Tensor:
+    """Every rank's `shard`, concatenated in rank order (a collective)."""
+    full = torch.empty(shard.numel() * opt._comm.size, dtype=shard.dtype, device=shard.device)
+    opt._comm.all_gather(full, shard).wait()
+    return full
 
 
-def encoded_state_dict(opt: DistributedAdamW) -> dict[str, Any] | None:
-    """`state_dict(on_device=True)` with every moment as stored (`encoded_entry`), or None where that cannot be
-    (more than one rank, a piece not whole or not block-aligned, no moments yet): the caller decodes then."""
-    flat = opt.flat
-    if opt._comm.size != 1 or flat.buckets[0]["exp_avg"] is None:
+def stored_moment(
+    opt: DistributedAdamW, bucket: int, key: str
+) -> Callable[[int, int, torch.Size], dict[str, Any]]:
+    """Moment `key` of `bucket` as stored (at more than one rank: every rank's codes and scales gathered, 2.125
+    bytes per element of both moments instead of fp32's 8), and the cut that makes a parameter's entry of it:
+    views of its codes (whole blocks: the last one's tail is padding) and of its blocks' scales, with the shape
+    `decode_moments` gives it back. The shards are block-aligned, so the gathered codes are the bucket's blocks
+    in order, each with its own scale."""
+    moments = opt.flat.buckets[bucket]
+    codes, scales = moments[key], moments[f"{key}_scale"]
+    if opt._comm.size > 1:
+        codes, scales = _all_gathered(opt, codes), _all_gathered(opt, scales)
+
+    def cut(offset: int, numel: int, shape: torch.Size) -> dict[str, Any]:
+        end = offset + -(-numel // QBLOCK) * QBLOCK
+        return {
+            "format": ENCODED,
+            "codes": codes[offset:end],
+            "scales": scales[offset // QBLOCK : end // QBLOCK],
+            "shape": list(shape),
+        }
+
+    return cut
+
+
+def encoded_state_dict(
+    opt: DistributedAdamW, *, on_device: bool = False, keep: Callable[[torch.Tensor], Any] | None = None
+) -> dict[str, Any] | None:
+    """`gather_state_dict(opt, on_device=..., keep=...)` with every moment as stored (`stored_moment`), or None
+    where that cannot be (no moments yet, a parameter not block-aligned): the caller decodes then. The same
+    answer on every rank, so the collectives match."""
+    if opt.flat.buckets[0]["exp_avg"] is None or not encodable(opt):
         return None
-    if not whole_at_one_rank(opt) or not encodable(opt):
-        return None
-    return gather_state_dict(opt, on_device=True, moment_entry=functools.partial(encoded_entry, flat))
+    return gather_state_dict(
+        opt, on_device=on_device, keep=keep, moments=functools.partial(stored_moment, opt)
+    )
 
 
 def decode_moments(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Replace every moment of `state_dict` staged as stored (`encoded_entry`) by its fp32 values, on the device
+    """Replace every moment of `state_dict` staged as stored (`stored_moment`) by its fp32 values, on the device
     its codes are on (in place; returns `state_dict`): the format of `state_dict()`, loadable anywhere."""
     for entry in state_dict.get("state", {}).values():
         for key in MOMENTS:

@@ -40,7 +40,7 @@ class DistributedAdamW(torch.optim.Optimizer):
     parameter and step instead of 28; a master at an exact rounding tie moves one fp32 ulp); state dicts
     still hold the fp32 masters. ``moments="int8"`` (with the flat step; "auto" then falls back to "torch"
     off CUDA) keeps both moments as 8-bit codes with one fp32 scale per 64 elements (_moments8: 2.125 bytes
-    per element instead of 8); state dicts hold them decoded, in fp32 (_moments8_state).
+    per element instead of 8); state dicts hold them decoded, in fp32 (_moments8_state), unless asked for as stored.
     """
 
     def __init__(
@@ -342,16 +342,18 @@ class DistributedAdamW(torch.optim.Optimizer):
         """Full, unsharded state keyed by parameter name (a collective: every rank must call it; every rank
         gets the same result, on CPU). Loadable at any world size and bucket size. `on_device` / `keep`:
         the entries left on the device, or what `keep` makes of each (see _state.gather_state_dict).
-        `encoded_moments` (with `on_device`, 8-bit moments, one rank): moments as stored, for `decode_moments`
-        later (_moments8_state.encoded_state_dict; elsewhere they are decoded here)."""
+        `encoded_moments` (8-bit moments, any world size): each moment as stored, its codes and block scales
+        (at more ranks gathered so), for `decode_moments` later (_moments8_state.encoded_state_dict); otherwise,
+        and before the first step, they are decoded here."""
         self._model.finish_param_sync()
         self._refresh_masters()
         if self.flat is not None:
             self.flat.sync_masters()
             self.flat.write_steps()
-            staged = encoded_moments and on_device and keep is None and self.moments == "int8"
-            if staged and (state := encoded_state_dict(self)) is not None:
-                return state
+            if encoded_moments and self.moments == "int8":
+                state = encoded_state_dict(self, on_device=on_device, keep=keep)
+                if state is not None:
+                    return state
             if self.moments == "int8":  # decoded one bucket at a time, onto the host: moments are CPU tensors
                 with moments_in_state(self.flat):
                     return gather_state_dict(self, on_device=on_device, keep=keep)

@@ -8,7 +8,8 @@ At one rank nothing is gathered: each parameter's entries are views of the live 
 `on_device=True` returns them as they are (or, at more ranks, views of the gathered buckets), for a caller
 that copies them out itself, beside training (a checkpoint written in the background); the default copies
 every entry to its own CPU tensor. `keep` receives each gathered entry as soon as its bucket is gathered, so the
-gathered buckets need not all be on the device at once.
+gathered buckets need not all be on the device at once. 8-bit moments may be gathered as they are stored, codes
+and block scales (`moments`, from _moments8_state), and decoded by the caller later.
 """
 
 from __future__ import annotations
@@ -83,13 +84,15 @@ def gather_state_dict(
     *,
     on_device: bool = False,
     keep: Callable[[torch.Tensor], Any] | None = None,
-    moment_entry: Callable[[int, Any, str, torch.Size], Any] | None = None,
+    moments: Callable[[int, str], Callable[[int, int, torch.Size], dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The full, per-parameter state (a collective at more than one rank). Entries are CPU copies; with
     `on_device`, device tensors that alias the optimizer's buffers at one rank (copy them before the next
     step changes them) and views of the gathered buckets at more; `keep` maps each such entry, as soon as it
-    exists, to what the state holds instead. `moment_entry(bucket, piece, key, shape)` (at one rank only)
-    gives each moment's entry instead of the inner AdamW's state (8-bit moments staged as stored)."""
+    exists, to what the state holds instead. `moments(bucket, key)` (8-bit moments staged as stored) replaces
+    the inner AdamW's moments: called once per bucket and moment, on every rank in the same order (it may
+    gather), it returns `cut(offset, numel, shape)`, the entry of the parameter at `offset` of the whole
+    bucket (at one rank: of the shard), a dict whose tensors go through `keep` like any entry."""
     layout = opt._model.layout
     slots = _optimizer_slots(opt)
     position = {slot: i for i, slot in enumerate(slots)}
@@ -98,16 +101,23 @@ def gather_state_dict(
     keys = ["master"] + (_moment_keys(opt) if bool((steps >= 0).any()) else [])
     state: dict[str, dict[str, Any]] = {layout.slots[s].name: {} for s in slots}
     finish = keep or ((lambda t: t) if on_device else _to_cpu)
-    if moment_entry is not None and not whole_at_one_rank(opt):
-        raise ValueError("moment_entry needs one rank with every parameter whole in its shard")
+
+    def finished(entry: dict[str, Any]) -> dict[str, Any]:
+        return {k: finish(v) if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+
     if whole_at_one_rank(opt):
+        cuts = {}  # (bucket, key) -> cut: views of the live buffers, nothing gathered
         for bucket, piece, master in opt.pieces:
             entry, saved = state[layout.slots[piece.slot].name], opt.state.get(master, {})
             for key in keys:
                 if key != "master" and steps[position[piece.slot]] < 0:
                     continue
-                if key != "master" and moment_entry is not None:
-                    entry[key] = moment_entry(bucket, piece, key, shapes[piece.slot])
+                if key != "master" and moments is not None:
+                    if (bucket, key) not in cuts:
+                        cuts[bucket, key] = moments(bucket, key)
+                    entry[key] = finished(
+                        cuts[bucket, key](piece.shard_start, piece.numel, shapes[piece.slot])
+                    )
                     continue
                 live = master if key == "master" else saved.get(key)
                 live = torch.zeros_like(master) if live is None else live  # made only where it is missing
@@ -118,13 +128,18 @@ def gather_state_dict(
             if not members:
                 continue
             for key in keys:
-                full = _gather_bucket(opt, bucket, key)
+                stored = key != "master" and moments is not None
+                full = moments(bucket, key) if stored else _gather_bucket(opt, bucket, key)
                 for slot in members:
                     if key != "master" and steps[position[slot]] < 0:
                         continue
                     where = layout.slots[slot]
                     offset = where.start - spec.start
-                    state[where.name][key] = finish(full[offset : offset + where.numel].view(shapes[slot]))
+                    if stored:
+                        state[where.name][key] = finished(full(offset, where.numel, shapes[slot]))
+                    else:
+                        view = full[offset : offset + where.numel].view(shapes[slot])
+                        state[where.name][key] = finish(view)
                 del full  # with `keep`, only what it holds stays on the device
     for slot in slots:
         if steps[position[slot]] >= 0:
