@@ -184,9 +184,10 @@ class CheckpointComponent:
         tensors are copied beside the next step, which its update waits for (`Staging.before_update`)."""
         optimizer, staging = self.model.optimizer, self.staging
         if isinstance(optimizer, vla_overlap.DistributedAdamW) and self.env.world_size > 1:
-            # a collective: every rank gathers each bucket; rank 0 copies it out as soon as it is gathered
+            # a collective: every rank gathers each bucket; rank 0 copies it out as soon as it is gathered (8-bit
+            # moments gathered as stored, codes and scales: decoded by the writer, as at one rank)
             keep = staging.keep if self.env.is_main else (lambda tensor: None)
-            state = optimizer.state_dict(keep=keep)
+            state = optimizer.state_dict(keep=keep, encoded_moments=True)
             return staging.copy(state, fresh_cpu=True) if self.env.is_main else {}
         if isinstance(optimizer, vla_overlap.DistributedAdamW):
             # views of the live masters and moments (8-bit ones as stored: codes and scales, decoded by the writer)
