@@ -16,7 +16,8 @@ the validation MSE over the mean-action baseline (eval.every). A PNG overlays th
     python -m vla_io synth /tmp/libero --preset libero --episodes 20
     python benchmarks/loss_parity.py --dataset /tmp/libero --json benchmarks/results/loss_parity_h200_<date>.json
 
-`--set model.preset=tiny --set data.num_workers=1 --steps 40 --window 10` checks it on a CPU.
+`--set model.preset=tiny --set data.num_workers=1 --set optimizations.comm=zero1_overlap --steps 40 --window 10`
+checks it on a CPU (8-bit moments live in ZeRO-1, the default on a GPU only).
 """
 
 from __future__ import annotations
