@@ -264,8 +264,10 @@ def test_without_a_runtime_setter_the_environment_asks_for_it(monkeypatch) -> No
     cuda = ["device=cuda", "optimizations.comm=overlap", "optimizations.graph=per_microbatch"]
     request_zero_gemm_workspace(load_config(overrides=[*cuda, "optimizations.gemm_workspace=default"]))
     assert WORKSPACE_ENV not in os.environ
-    request_zero_gemm_workspace(load_config(overrides=cuda))
+    take_out = request_zero_gemm_workspace(load_config(overrides=cuda))
     assert os.environ[WORKSPACE_ENV] == ":0:0"
+    take_out()  # the run ended: processes started later do not inherit it
+    assert WORKSPACE_ENV not in os.environ
     monkeypatch.setenv(WORKSPACE_ENV, ":4096:8")  # e.g. set for deterministic cuBLAS
     request_zero_gemm_workspace(load_config(overrides=cuda))
     assert os.environ[WORKSPACE_ENV] == ":4096:8"

@@ -24,7 +24,9 @@ def test_the_baseline_row_runs_several_times_and_its_median_counts(
     import gr00t_train._backends
 
     asked = []  # the process-wide cuBLAS workspace is asked for up front by the last row (torch 2.11)
-    monkeypatch.setattr(gr00t_train._backends, "request_zero_gemm_workspace", asked.append)
+    monkeypatch.setattr(
+        gr00t_train._backends, "request_zero_gemm_workspace", lambda cfg: asked.append(cfg) or (lambda: None)
+    )
     out = tmp_path / "bench.json"
     argv = ["bench", "--preset", "libero", "--steps", "2", "--warmup", "1", "--rows", "0,1",
             "--baseline-runs", "3", "--json", str(out)]  # fmt: skip

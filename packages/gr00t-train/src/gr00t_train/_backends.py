@@ -1,5 +1,5 @@
 """Process-wide torch switches a run sets (TF32, cuDNN autotuning, cuBLAS's workspace), restored when the
-run ends.
+run ends, and the environment variable that asks for the workspace, removed when the run ends.
 
 They are global to the process: left on, TF32 changes every later fp32 matmul of the caller (a test that
 compares GPU and CPU results after a training run failed because of it)."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -18,6 +19,9 @@ log = logging.getLogger(__name__)
 
 # torch 2.11 and older read this once, at the process's first cuBLAS call; later torch also has a runtime setter.
 WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+_ZERO = ":0:0"
+_ours = False
+"""Whether the variable in the environment is this process's own request (a nested request stays quiet)."""
 
 
 def wants_zero_gemm_workspace(cfg: TrainConfig) -> bool:
@@ -27,16 +31,33 @@ def wants_zero_gemm_workspace(cfg: TrainConfig) -> bool:
     return choice == "zero" or (choice == "auto" and on_cuda and cfg.optimizations.graph != "eager")
 
 
-def request_zero_gemm_workspace(cfg: TrainConfig) -> None:
+def request_zero_gemm_workspace(cfg: TrainConfig) -> Callable[[], None]:
     """For torch without a runtime setter (2.11 and older): put `CUBLAS_WORKSPACE_CONFIG=:0:0` in the
     environment before the process's first cuBLAS call (run_training calls this first thing). A value the
-    caller set is kept."""
+    caller set is kept. Returns what takes the variable out again when the run ends: torch has read it by
+    then (this process keeps its workspace size), but processes started later (a test's subprocess, the
+    next command of a notebook) would inherit it."""
+    global _ours
     if not wants_zero_gemm_workspace(cfg) or hasattr(torch.backends.cuda, "cublas_workspace_size"):
-        return
+        return _nothing
     if WORKSPACE_ENV in os.environ:
-        log.info("%s=%s set by the caller: kept", WORKSPACE_ENV, os.environ[WORKSPACE_ENV])
-        return
-    os.environ[WORKSPACE_ENV] = ":0:0"
+        if not (_ours and os.environ[WORKSPACE_ENV] == _ZERO):  # ours: the outer call takes it out
+            log.info("%s=%s set by the caller: kept", WORKSPACE_ENV, os.environ[WORKSPACE_ENV])
+        return _nothing
+    os.environ[WORKSPACE_ENV] = _ZERO
+    _ours = True
+
+    def take_out() -> None:
+        global _ours
+        _ours = False
+        if os.environ.get(WORKSPACE_ENV) == _ZERO:
+            del os.environ[WORKSPACE_ENV]
+
+    return take_out
+
+
+def _nothing() -> None:
+    pass
 
 
 def _read() -> dict[str, bool]:
@@ -67,6 +88,7 @@ class BackendSwitches:
         self.cfg = cfg
         self._saved: dict[str, bool] | None = None
         self._saved_workspace: int | None = None
+        self._take_out_env: Callable[[], None] = _nothing
 
     def apply(self) -> BackendSwitches:
         """Set the run's switches (remembering the caller's)."""
@@ -77,15 +99,19 @@ class BackendSwitches:
         _write(self.wanted)
         if self._saved_workspace is not None:
             torch.backends.cuda.cublas_workspace_size(0)
-        else:
-            request_zero_gemm_workspace(self.cfg)  # effective only if cuBLAS has not run in this process
+        elif self._take_out_env is _nothing:
+            # effective only if cuBLAS has not run in this process; taken out again by restore()
+            self._take_out_env = request_zero_gemm_workspace(self.cfg)
         return self
 
     def restore(self) -> None:
-        """Put the caller's switches back (an environment variable torch has read stays: it can't be undone)."""
+        """Put the caller's switches back, and take out the environment variable apply() set (torch has read it
+        by then: this process keeps the workspace size it asked for)."""
         if self._saved is not None:
             _write(self._saved)
             self._saved = None
         if self._saved_workspace is not None:
             torch.backends.cuda.cublas_workspace_size(self._saved_workspace)
             self._saved_workspace = None
+        self._take_out_env()
+        self._take_out_env = _nothing

@@ -111,11 +111,10 @@ def run_ladder(
         raise ValueError(f"baseline_runs must be >= 1, got {baseline_runs}")
     configs = ladder_configs(base, steps, warmup)
     selected = [i for i in range(len(configs)) if rows is None or i in rows]
-    if selected:
-        # torch 2.11 reads cuBLAS's workspace size once per process: the last row's choice then holds for
-        # every row (no workspace: the same or faster kernels than the default's, BENCHMARKS.md, levers tried).
-        # Torch with a runtime setter gives each row its own.
-        request_zero_gemm_workspace(configs[selected[-1]][1])
+    # torch 2.11 reads cuBLAS's workspace size once per process: the last row's choice then holds for
+    # every row (no workspace: the same or faster kernels than the default's, BENCHMARKS.md, levers tried).
+    # Torch with a runtime setter gives each row its own.
+    take_out_workspace_env = request_zero_gemm_workspace(configs[selected[-1]][1]) if selected else None
     env = init_distributed(base.device)
     results = []
     try:
@@ -133,6 +132,8 @@ def run_ladder(
             results.append(row)
     finally:
         shutdown_distributed(env)
+        if take_out_workspace_env is not None:
+            take_out_workspace_env()
     base_rate = results[0]["samples_per_s"] if results else 0.0
     for row in results:
         row["speedup"] = row["samples_per_s"] / base_rate if base_rate else None

@@ -49,7 +49,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
     cfg, line = resolve_optimizations(cfg, env.device)  # every `auto` switch as it runs on this device
     if env.is_main:
         log.info("%s", line)
-    request_zero_gemm_workspace(cfg)  # before anything can call cuBLAS (torch 2.11 reads it once)
+    take_out_workspace_env = request_zero_gemm_workspace(cfg)  # before any cuBLAS call (2.11 reads it once)
     apply_memory_cap(env.device)  # $GR00T_TRAIN_MEMORY_CAP_GIB: benchmarks emulating a smaller card
     cfg, memory_plan = plan_for_budget(cfg, env)  # memory.budget_gib: techniques chosen, peak predicted
     if env.device.type == "cpu":
@@ -87,6 +87,7 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         if peers is not None:
             peers.close()
         shutdown_distributed(env, peer_lost=peer_lost)
+        take_out_workspace_env()  # processes started after the run do not inherit it
     return summary if env.is_main else None
 
 
