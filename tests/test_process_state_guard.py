@@ -64,6 +64,7 @@ def test_a_test_that_leaves_process_state_changed_fails(tmp_path) -> None:
         "test_leaves_a_thread_of_ours_running",
     }, report
     assert "9 passed, 4 errors" in out.stdout, report  # every later test saw the state restored
-    assert "left os.environ changed" in report and "'GUARD_PROBE_VARIABLE': (None, '1')" in report
-    assert "left signal handlers changed" in report and "left global torch state changed" in report
-    assert "left threads running: ['gr00t-train-probe']" in report
+    text = out.stdout
+    assert "left os.environ changed" in text and "'GUARD_PROBE_VARIABLE': (None, '1')" in text, report
+    assert "left signal handlers changed" in text and "left global torch state changed" in text, report
+    assert "left threads running: ['gr00t-train-probe']" in text, report
