@@ -51,9 +51,9 @@ gpu_tests() {  # gpu_tests NAME DIRS...: one pytest run of the GPU tests in DIRS
   python3 -m pytest $@ -m gpu -q -rfE --tb=short --durations=15 -p no:cacheprovider > "$out/$name.txt" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/$name.txt" | tail -n 12
 }
-libero() {
-  data=/tmp/libero
-  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes 6 > /dev/null
+libero() {  # libero [EPISODES]: the synthetic LIBERO-like set in $data (6 episodes unless given)
+  data=/tmp/libero${1:-}
+  [ -f "$data/meta/info.json" ] || python3 -m vla_io synth "$data" --preset libero --episodes "${1:-6}" > /dev/null
 }
 for what in "${@:-all}"; do
 for part in 1 2 3; do
@@ -107,8 +107,8 @@ if [ "$what" = speed ]; then
   tail -n 20 "$out/step_variants.log"
 fi
 if [ "$what" = job ]; then
-  [ -f /tmp/libero20/meta/info.json ] || python3 -m vla_io synth /tmp/libero20 --preset libero --episodes 20 > /dev/null
-  python3 benchmarks/time_to_model.py --dataset /tmp/libero20 --json "$out/time_to_model_h200_$day.json" \
+  libero 20  # one episode held out for validation (data.val_episodes=0.05)
+  python3 benchmarks/time_to_model.py --dataset "$data" --json "$out/time_to_model_h200_$day.json" \
     > "$out/job.log" 2>&1 || status=1
   tail -n 25 "$out/job.log"
 fi
@@ -120,8 +120,8 @@ if [ "$what" = memory ]; then
   tail -n 12 "$out/memory.log"
 fi
 if [ "$what" = loss ]; then
-  [ -f /tmp/libero20/meta/info.json ] || python3 -m vla_io synth /tmp/libero20 --preset libero --episodes 20 > /dev/null
-  python3 benchmarks/loss_parity.py --dataset /tmp/libero20 --json "$out/loss_parity_h200_$day.json" \
+  libero 20  # one episode held out for validation (data.val_episodes=0.05)
+  python3 benchmarks/loss_parity.py --dataset "$data" --json "$out/loss_parity_h200_$day.json" \
     > "$out/loss.log" 2>&1 || status=1
   tail -n 12 "$out/loss.log"
 fi

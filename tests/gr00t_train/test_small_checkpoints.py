@@ -5,35 +5,21 @@ rebuilt from the parts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import gr00t_model
 import gr00t_train
 import pytest
 import torch
+from _gr00t_sources import DummySource
 from gr00t_train import ConfigError, Trainer
 from gr00t_train.checkpoint.restore import load_pretrained
 from gr00t_train.model import gr00t as adapter
 from safetensors import safe_open
 
 CPU = torch.device("cpu")
-
-
-def _load_sources():
-    """The data sources shared with the other GR00T test files (tests are not a package)."""
-    name = "gr00t_train_test_sources"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_sources.py"))
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-DummySource = _load_sources().DummySource
 
 
 @pytest.fixture(scope="module")

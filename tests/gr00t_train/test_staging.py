@@ -74,7 +74,7 @@ def test_pool_slots_are_storages_of_their_own_and_reused_in_order() -> None:
 
 def test_background_reservation_is_waited_for_by_the_first_save() -> None:
     staging = Staging(torch.device("cpu"))
-    staging.pool.reserve_in_background(3 << 20)
+    staging.pool.reserve_in_background([3 << 20])
     staging.begin()  # waits for the reservation: the save then takes from it
     assert staging.pool.capacity >= 3 << 20
     staged = staging.copy({"w": torch.ones(1000)})

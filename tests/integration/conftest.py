@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -28,6 +30,19 @@ def dataset_copy(dataset, tmp_path) -> Path:
     copy = tmp_path / "broken"
     shutil.copytree(dataset, copy)
     return copy
+
+
+@pytest.fixture
+def nan_actions_copy(dataset_copy) -> Path:
+    """A private copy of the dataset whose episode 1 has NaN in every action value."""
+    path = next(dataset_copy.glob("data/**/episode_000001.parquet"))
+    table = pq.read_table(path)
+    actions = [[float("nan")] * len(row) for row in table.column("action").to_pylist()]
+    column = table.schema.get_field_index("action")
+    pq.write_table(
+        table.set_column(column, "action", pa.array(actions, table.schema.field("action").type)), path
+    )
+    return dataset_copy
 
 
 def _train_args(dataset: Path, out: Path, *sets: str) -> list[str]:

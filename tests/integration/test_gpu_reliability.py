@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from gr00t_train.cli import main
@@ -26,19 +24,14 @@ def _cuda(argv: list[str], *sets: str) -> list[str]:
     return argv
 
 
-def test_a_cuda_run_restores_tf32_and_names_nan_samples(dataset_copy, tmp_path, train_args, capsys) -> None:
+def test_a_cuda_run_restores_tf32_and_names_nan_samples(
+    nan_actions_copy, tmp_path, train_args, capsys
+) -> None:
     # NaN actions are caught on the host, before normalization and before any graph replays them (exit 2,
     # naming episode and frame); the run's TF32 and cuDNN switches are undone on the way out.
-    path = next(dataset_copy.glob("data/**/episode_000001.parquet"))
-    table = pq.read_table(path)
-    actions = [[float("nan")] * len(row) for row in table.column("action").to_pylist()]
-    column = table.schema.get_field_index("action")
-    pq.write_table(
-        table.set_column(column, "action", pa.array(actions, table.schema.field("action").type)), path
-    )
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
     argv = _cuda(
-        train_args(dataset_copy, tmp_path / "run"),
+        train_args(nan_actions_copy, tmp_path / "run"),
         "steps=12",
         "optimizations.tf32=true",
         "optimizations.cudnn_benchmark=true",

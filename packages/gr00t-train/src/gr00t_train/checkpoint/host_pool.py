@@ -113,17 +113,17 @@ class HostPool:
             for size in plan_chunks([c.numel() for c in self._chunks], sizes):
                 self._allocate(size)
 
-    def reserve_in_background(self, sizes: Sequence[int] | int) -> None:
-        """`reserve_for(sizes)` (an int: `reserve(total)`) in a daemon thread (pinning is slow; the loop goes
-        on); `rewind` waits for it."""
+    def reserve_in_background(self, sizes: Sequence[int]) -> None:
+        """`reserve_for(sizes)` in a daemon thread (pinning is slow; the loop goes on); `rewind` waits for it."""
         self.join()
-        total = sizes if isinstance(sizes, int) else sum(sizes)
 
         def run() -> None:
             try:
-                self.reserve(sizes) if isinstance(sizes, int) else self.reserve_for(sizes)
+                self.reserve_for(sizes)
             except Exception as err:  # noqa: BLE001 - the first save allocates what is missing instead
-                log.warning("could not reserve %.1f GB of host memory for checkpoints: %s", total / 1e9, err)
+                log.warning(
+                    "could not reserve %.1f GB of host memory for checkpoints: %s", sum(sizes) / 1e9, err
+                )
 
         self._reserving = threading.Thread(target=run, name="gr00t-train-host-pool", daemon=True)
         self._reserving.start()

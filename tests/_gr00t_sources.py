@@ -1,4 +1,5 @@
-"""Data sources shared by the gr00t_train tests that train the real (demo) GR00T model on CPU."""
+"""Data sources shared by the gr00t_train tests that train the real (demo) GR00T model on CPU (tests/ is on
+the import path: pyproject.toml's pythonpath)."""
 
 from __future__ import annotations
 
