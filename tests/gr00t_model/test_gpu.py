@@ -152,7 +152,7 @@ def test_bf16_matmul_weights_and_the_frozen_prefix_compute_what_autocast_compute
 
 
 def test_dit_self_attention_on_the_efficient_kernel_is_as_close_to_fp64_as_sdpas_pick() -> None:
-    # The DiT's self-attention blocks run on SDPA's memory-efficient kernel (SELF_ATTENTION_BACKENDS), not
+    # The DiT's self-attention blocks run on SDPA's memory-efficient kernel (_dit.self_attention), not
     # the backend SDPA would pick: its output and gradients must be as close to an fp64 reference.
     from gr00t_model._dit import Attention
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -127,18 +127,30 @@ def test_a_runs_first_save_finds_its_slots_reserved_and_its_stall_is_split_into_
     assert facts["checkpoint_memory_gib"] == [] and facts["peak_memory_before_saves_gib"] is None  # CPU
 
 
+def _fraction(value: float):
+    """torch.cuda.get_per_process_memory_fraction as it checks its argument: an index, or a device naming one."""
+
+    def fraction(device: int | torch.device) -> float:
+        if isinstance(device, torch.device) and device.index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        return value
+
+    return fraction
+
+
 def test_a_snapshot_stays_inside_the_allocator_cap_and_the_memory_budget(monkeypatch) -> None:
     # A 141 GiB device with 100 GiB free; the steps peaked at 30 GiB, 20 GiB allocated now (between steps).
     cuda = torch.cuda
     monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (100 * GiB, 141 * GiB))
     monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: 32 * GiB)
     monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: 30 * GiB)
-    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda device=None: 1.0, raising=False)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", _fraction(1.0), raising=False)
     device = torch.device("cuda")
     margin = staging_module.SNAPSHOT_MARGIN
     assert device_room(device) == 100 * GiB + 32 * GiB - 30 * GiB - margin  # the device's free memory
     assert device_room(device, budget_bytes=40 * GiB) == 10 * GiB - margin  # memory.budget_gib=40
     capped = 48 * GiB / (141 * GiB)  # the allocator capped at 48 GiB (a smaller card emulated)
-    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda device=None: capped, raising=False)
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", _fraction(capped), raising=False)
     assert abs(device_room(device) - (18 * GiB - margin)) < 1024
     assert abs(device_room(device, budget_bytes=40 * GiB) - (10 * GiB - margin)) < 1024

@@ -12,7 +12,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _context_cast as context_cast
 from ._attention import attention, load_triton
@@ -24,8 +23,21 @@ from ._merged_linear import merge_linears
 # The self-attention blocks (51 tokens, head dim 48, no mask) run fastest on SDPA's memory-efficient kernel on
 # an H200: 0.031 ms forward + backward per block against 0.042 for cuDNN, SDPA's own pick there
 # (benchmarks/probes/attention_probe.py), and without the memset cuDNN puts before each call. The cross-attention
-# (a key mask) keeps SDPA's pick, cuDNN, which is fastest for it.
-SELF_ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# (a key mask) keeps SDPA's pick, cuDNN, which is fastest for it. The kernel is called by its aten name, not
+# chosen with an `sdpa_kernel` context: inside a compiled block that context made AOTAutograd's cache bypass
+# the block's graph, which every start-up then traced again (tests/gr00t_model/test_compile_cache_gpu.py).
+SELF_ATTENTION_EFFICIENT = True
+EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def self_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Unmasked attention of [B, heads, S, head_dim] CUDA tensors on SDPA's memory-efficient kernel where it
+    takes them (head_dim a multiple of 8, half or single precision), else on SDPA's own pick."""
+    if SELF_ATTENTION_EFFICIENT and query.dtype in EFFICIENT_DTYPES and query.size(-1) % 8 == 0:
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        # the log-sum-exp is kept for the backward only, as SDPA does
+        return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, grad)[0]
+    return F.scaled_dot_product_attention(query, key, value)
 
 
 class Dropout(nn.Dropout):
@@ -134,8 +146,7 @@ class Attention(nn.Module):
         if self.triton and x.is_cuda:
             out = attention(query, key, value, key_mask=mask, triton=True)
         elif mask is None and x.is_cuda:
-            with sdpa_kernel(SELF_ATTENTION_BACKENDS):
-                out = F.scaled_dot_product_attention(query, key, value)
+            out = self_attention(query, key, value)
         else:
             attn_mask = None if mask is None else mask[:, None, None, :]
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask)

@@ -68,7 +68,8 @@ def _allocator_limit(device: torch.device, total: int) -> int | None:
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     if fraction is None:
         return None
-    value = fraction(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    value = fraction(index)  # it takes an index: a torch.device("cuda") without one is refused
     return int(value * total) if value < 1.0 else None
 
 
