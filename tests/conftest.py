@@ -110,8 +110,8 @@ KEPT_ENV = {
     "DISABLE_CUPTI_LAZY_REINIT": "torch.profiler with CUDA graphs: CUPTI is not set up again in this process",
     "TEARDOWN_CUPTI": "torch.profiler with CUDA graphs: CUPTI is never torn down in this process",
     "SVT_LOG": "vla_io.testing's AV1 writer quiets SVT-AV1's banner for every later encoder (setdefault)",
-    "KMP_DUPLICATE_LIB_OK": "Inductor (torch 2.11 on the GPU host) lets a second OpenMP runtime load, for good",
-    "KMP_INIT_AT_FORK": "set beside KMP_DUPLICATE_LIB_OK when Inductor compiles (torch 2.11 on the GPU host)",
+    "KMP_DUPLICATE_LIB_OK": "set for good once Inductor has compiled (torch 2.11): a second OpenMP runtime may load",
+    "KMP_INIT_AT_FORK": "set for good beside KMP_DUPLICATE_LIB_OK once Inductor has compiled (torch 2.11)",
 }
 
 PYTEST_ENV = {"PYTEST_CURRENT_TEST"}
