@@ -132,7 +132,9 @@ def _fraction(value: float):
 
     def fraction(device: int | torch.device) -> float:
         if isinstance(device, torch.device) and device.index is None:
-            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+            raise ValueError(
+                f"Expected a torch.device with a specified index or an integer, but got:{device}"
+            )
         return value
 
     return fraction
