@@ -7,6 +7,8 @@
 #   tests1   its gr00t-model and gr00t-train files (about 4 minutes)
 #   tests2   its integration files: whole training runs on the GPU (about 6 minutes)
 #   tests3   its vla-io, vla-overlap and vla-graph files (about 3 minutes)
+#   tests23  parts 2 and 3 at once, two pytest processes sharing the GPU (about 6 minutes: part 3's kernel
+#            tests need little of it and passed beside a training benchmark)
 #   ladder   the ablation ladder on a synthetic LIBERO-like dataset (benchmarks/train_ablation.py)
 #   all      tests, then ladder
 #   speed    the full step (and with FP8 for the frozen prefix) beside torch.compile(mode="reduce-overhead")
@@ -48,7 +50,8 @@ parts=("tests/gr00t_model tests/gr00t_train" "tests/integration" "tests/vla_io t
 gpu_tests() {  # gpu_tests NAME DIRS...: one pytest run of the GPU tests in DIRS, with its slowest tests named
   local name=$1; shift
   # shellcheck disable=SC2068  # the directories split on purpose
-  python3 -m pytest $@ -m gpu -q -rfE --tb=short --durations=15 -p no:cacheprovider > "$out/$name.txt" 2>&1 || status=1
+  python3 -m pytest $@ -m gpu -q -rfE --tb=short --durations=15 -p no:cacheprovider --basetemp "/tmp/$name" \
+    > "$out/$name.txt" 2>&1 || status=1  # a folder of its own: two runs at once never share one
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/$name.txt" | tail -n 12
 }
 libero() {  # libero [EPISODES]: the synthetic LIBERO-like set in $data (6 episodes unless given)
@@ -62,6 +65,15 @@ for part in 1 2 3; do
     gpu_tests "pytest_gpu_part$part" ${parts[$((part - 1))]}
   fi
 done
+if [ "$what" = tests23 ]; then
+  # shellcheck disable=SC2086
+  (status=0; gpu_tests pytest_gpu_part3 ${parts[2]}; exit $status) > "$out/part3_summary.txt" &
+  part3=$!
+  # shellcheck disable=SC2086
+  gpu_tests pytest_gpu_part2 ${parts[1]}
+  wait $part3 || status=1
+  cat "$out/part3_summary.txt"
+fi
 if [ "$what" = ladder ] || [ "$what" = all ]; then
   libero
   (cd benchmarks && python3 train_ablation.py --dataset "$data" --steps 20 --warmup 6 --workers 12 \
