@@ -1,6 +1,6 @@
-"""What the multi-run benchmarks (train_scaling.py, grad_reduce_parity.py) share: one `gr00t-train train` run
-of the libero preset through torchrun, quiet and without checkpoints, its summary read back, the report
-written."""
+"""What the multi-run benchmarks share: one `gr00t-train train` run of the libero preset through torchrun, quiet
+and without checkpoints, its summary read back (train_scaling.py, grad_reduce_parity.py); the settings that keep
+a measured run quiet and the report written (loss_parity.py, prefix_cache.py, memory_budget.py too)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from _train_runs import QUIET, write_report
+
 VARIANTS = {
     "reference": [],
     "repeat": [],
@@ -37,8 +39,6 @@ VARIANTS = {
     "int8": ["memory.adam_moments=int8"],
     "lora32": ["model.lora.rank=32"],
 }
-QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
-         "checkpoint.save_final=false", "checkpoint.every=0"]  # fmt: skip
 
 
 def parse() -> argparse.Namespace:
@@ -59,7 +59,7 @@ def parse() -> argparse.Namespace:
 def run(args: argparse.Namespace, name: str) -> dict | None:
     """One training run; its step losses, validations and summary, or None (said) when it failed."""
     out = args.out / name
-    argv = [sys.executable, "-m", "gr00t_train", "train", "--overwrite"]
+    argv = [sys.executable, "-m", "gr00t_train", "train"]
     sets = [f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"steps={args.steps}",
             f"output_dir={out}", f"eval.every={args.eval_every}", *QUIET, *VARIANTS[name], *args.overrides]  # fmt: skip
     for item in sets:
@@ -134,10 +134,7 @@ def main() -> int:
         ratio = result["validation"][-1]["ratio"] if result["validation"] else float("nan")
         print(f"{name:>10} {row['max_rel_diff']:8.2e} {row['mean_rel_diff']:8.2e} {row['last_window']:9.4f} "
               f"{ratio:9.3g} {result['samples_per_s'] or float('nan'):9.1f}")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_report(args.json, report)
     picture = args.plot or (args.json.with_suffix(".png") if args.json else None)
     if picture:
         plot(picture, results, args.window)

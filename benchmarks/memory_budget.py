@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from _train_runs import write_report
+
 STATES = ("frozen_weights", "trainable_weights", "masters", "moments", "gradients")
 
 
@@ -200,11 +202,9 @@ def main() -> None:
                   f"n1.6-3b, effective batch {args.batch}, least squares over the measured peaks")  # fmt: skip
         CALIBRATION_FILE.write_text(json.dumps({**fitted, "source": source}, indent=2) + "\n")
         print(f"written: {CALIBRATION_FILE}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"date": time.strftime("%Y-%m-%d"), "calibration_used": current, "calibration_fitted": fitted,
-                  "rows": rows}  # fmt: skip
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    report = {"date": time.strftime("%Y-%m-%d"), "calibration_used": current, "calibration_fitted": fitted,
+              "rows": rows}  # fmt: skip
+    write_report(args.json, report)
 
 
 def _gpu_name() -> str:

@@ -28,14 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+import _train_runs
+
 VARIANTS = {
     "full": [],
     "cached": ["data.prefix_cache.mode=disk"],
     "full-head": ["model.tune_top_llm_layers=0"],
     "cached-head": ["model.tune_top_llm_layers=0", "data.prefix_cache.mode=disk"],
 }
-QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false", "checkpoint.save_final=false",
-         "checkpoint.every=0", "checkpoint.existing_run=overwrite", "eval.every=0", "data.val_episodes=0"]  # fmt: skip
+QUIET = [*_train_runs.QUIET, "eval.every=0", "data.val_episodes=0"]
 SYNTHETIC = {
     "small": {"episodes": 6, "episode_length": 80},  # about 430 samples: the cache builds in seconds
     "tiny": {"episodes": 2, "episode_length": 16, "image_size": 64, "codec": "h264"},  # the CPU check
@@ -142,9 +143,7 @@ def main() -> None:
                   "dataset": str(data), "dataset_write_s": written_s, "steps": args.steps, "warmup": args.warmup,
                   "overrides": args.overrides, "results": rows, "speedup": speedups,
                   "target_2x_release_met": speedups.get("release", 0.0) >= 2.0}  # fmt: skip
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        _train_runs.write_report(args.json, report)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,11 @@ THREAD_PREFIXES = ("gr00t-train", "vla-io", "prefix-cache")
 """Names of the threads our packages start: each must be joined (or have ended) when the test ends."""
 
 
+def _changed(before: dict, after: dict) -> dict:
+    """(before, after) of each key of `before` whose value differs after."""
+    return {key: (before[key], after[key]) for key in before if before[key] != after[key]}
+
+
 def _env_changes(before: dict[str, str]) -> dict[str, tuple[str | None, str | None]]:
     after = os.environ
     keys = (before.keys() | after.keys()) - KEPT_ENV.keys() - PYTEST_ENV
@@ -175,11 +180,7 @@ def _process_state_is_restored():
     yield
     problems = []
     torch_after = _global_torch_state()
-    changed = {
-        key: (torch_before[key], torch_after[key])
-        for key in torch_before
-        if torch_before[key] != torch_after[key]
-    }
+    changed = _changed(torch_before, torch_after)
     if changed:
         _set_global_torch_state(torch_before)
         problems.append(f"the test left global torch state changed (before, after): {changed}; restore it")
@@ -188,11 +189,7 @@ def _process_state_is_restored():
         _restore_env(env_before, env_changed)
         problems.append(f"the test left os.environ changed (before, after): {env_changed}; restore it")
     handlers_after = _handlers()
-    moved = {
-        n: (handlers_before[n], handlers_after[n])
-        for n in handlers_before
-        if handlers_after[n] != handlers_before[n]
-    }
+    moved = _changed(handlers_before, handlers_after)
     if moved:
         for name, (handler, _) in moved.items():
             if handler is not None:  # None: installed outside Python, cannot be put back from here
