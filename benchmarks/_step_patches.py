@@ -40,7 +40,7 @@ BUILT_WITH = {  # variants in place while the Trainer is built and runs
     "ours-full-cd-backbone": lambda: mock.patch.object(
         torch,
         "compile",
-        _with_options(blocks=("VisionLayer", "Qwen3DecoderLayer"), coordinate_descent_tuning=True),
+        _with_options(blocks=("VisionLayer", "LanguageLayer"), coordinate_descent_tuning=True),
     ),
     # Inductor autotunes the DiT blocks' GEMMs only (Triton templates against cuBLAS): cuBLAS runs the M = 816
     # GEMMs below 70% of peak (2026-12-02: slower, and 5.4 minutes to start)

@@ -84,7 +84,9 @@ def describe_parts(parts: dict) -> str:
     )
 
 
-def project_share(result: dict, args: argparse.Namespace, long_steps: int = 20_000, long_every: int = 2_000) -> dict:
+def project_share(
+    result: dict, args: argparse.Namespace, long_steps: int = 20_000, long_every: int = 2_000
+) -> dict:
     """The non-step share of a longer job from this one's parts: the libero preset's 20,000 steps with a save
     (and a validation) every 2,000, at this job's cold start-up, mean step, mean stall and mean validation,
     and this job's rest (the final save's wait). At 2,000 steps of ~60 ms, 5% is 6 s: less than any start-up,
@@ -105,6 +107,11 @@ def main() -> None:
     # GPU host's 64 GB scratch disk next to the dataset and caches
     job = [f"checkpoint.every={args.every}", f"eval.every={args.eval_every}", "checkpoint.keep_last=1"]
     summary, wall = _train(args, "job", args.steps, caches, job)
+    # the job's saves leave gigabytes of dirty pages that the kernel writes back after it exits: the warm
+    # start-up would read its caches and bytecode behind that write-back, so it is flushed first
+    flushed = time.perf_counter()
+    os.sync()
+    flush_s = time.perf_counter() - flushed
     warm, _ = _train(args, "warm", args.warm_steps, caches, ["checkpoint.save_final=false", "eval.every=0"])
     steps_s = _steps_seconds(args.out / "job")
     stalls = list(summary.get("checkpoint_stall_s") or [])
@@ -124,6 +131,7 @@ def main() -> None:
         "wall_s": wall,
         "startup_s": startup,
         "startup_warm_s": float(warm["startup_s"]),
+        "flush_before_warm_s": flush_s,
         # where each start-up went (seconds per phase: imports, process group, model, data, optimizer,
         # compile, graph capture, first step), cold and warm
         "startup_phases": summary.get("startup_phases"),
@@ -169,7 +177,9 @@ def main() -> None:
         f"{result['samples_per_s_job']:.1f} samples/s over the job against {result['samples_per_s_steady']:.1f} steady"
     )
     long = result["projected_non_step_share"]
-    print(f"projected non-step share at {long['steps']} steps, a save every {long['every']}: {100 * long['share']:.1f}%")
+    print(
+        f"projected non-step share at {long['steps']} steps, a save every {long['every']}: {100 * long['share']:.1f}%"
+    )
     for index, parts in enumerate(result["checkpoint_stall_parts_s"] or []):
         print(f"save {index + 1}: stall {stalls[index]:.3f} s = " + describe_parts(parts))
     for index, memory in enumerate(result["checkpoint_memory_gib"] or []):

@@ -103,10 +103,8 @@ def test_padded_mlp_equals_the_plain_one() -> None:
 def test_gelu_in_the_gemm_equals_the_separate_activation() -> None:
     """On a CPU the layer computes the same ops as before (the fused epilogue is CUDA's; the GPU test bounds
     its rounding). Padding is kept; exact GELU, other activations and trainable layers are left alone."""
-    from transformers.activations import ACT2FN
-
     mlp = nn.Module()
-    mlp.fc1, mlp.activation_fn = _frozen_linear(64, 200), ACT2FN["gelu_pytorch_tanh"]
+    mlp.fc1, mlp.activation_fn = _frozen_linear(64, 200), nn.GELU(approximate="tanh")  # SigLIP2's
     mlp.fc2 = _frozen_linear(200, 64)
     x = torch.randn(3, 7, 64)
     ref = mlp.fc2(mlp.activation_fn(mlp.fc1(x)))

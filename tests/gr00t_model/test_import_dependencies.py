@@ -1,6 +1,7 @@
 """GR00TN16.import_dependencies imports what building a model needs, so that a build after it imports nothing
-more (what lets gr00t-train time the imports apart from the build), and the Triton attention op on request.
-In a fresh interpreter: the test session has imported everything already."""
+more (what lets gr00t-train time the imports apart from the build), and the Triton attention op on request;
+neither imports transformers' modeling code (10-15 s of a GPU host's start-up: the layers are our own). In a
+fresh interpreter: the test session has imported everything already."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ GR00TN16(GR00TConfig.preset("tiny", triton_attention=triton))
 print(json.dumps({
     "by_import": sorted(imported - before),
     "by_build": sorted(set(sys.modules) - imported),
+    "transformers": sorted(m for m in sys.modules if m.startswith("transformers")),
     "op_loaded": _attention._OP is not None,
 }))
 """
@@ -35,9 +37,8 @@ def _run(mode: str) -> dict:
 
 def test_a_build_after_import_dependencies_imports_nothing_more() -> None:
     found = _run("plain")
-    assert "transformers.models.qwen3.modeling_qwen3" in found["by_import"]
-    assert "transformers.models.siglip2.modeling_siglip2" in found["by_import"]
     assert found["by_build"] == []
+    assert found["transformers"] == []
     assert not found["op_loaded"]
 
 

@@ -7,16 +7,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _transformers_reference import qwen3_config, siglip2_config
 from gr00t_model._action_head import CategorySpecificLinear, bucket_sinusoid
 from gr00t_model._dit import AlternateVLDiT, timestep_sinusoid
 from gr00t_model._language import (
     LanguageModel,
     causal_padding_mask,
     init_language_,
-    qwen3_config,
     rotary_tables,
 )
-from gr00t_model._vision import VisionTower, connect, init_vision_, patchify, siglip2_config
+from gr00t_model._vision import VisionTower, connect, init_vision_, patchify
 from torch import nn
 
 
@@ -81,6 +81,47 @@ def test_vision_layers_leave_their_last_residual_add_to_the_next_with_the_same_a
         for layer in tower.encoder.layers:
             got, pending = layer(got, pending)
     assert torch.equal(got + pending, expected)  # the same adds in the same order: bitwise
+
+
+def test_layers_have_transformers_parameters_in_its_order_and_draw_the_same_initial_weights(
+    fp32_tiny,
+) -> None:
+    """Release weights load by name, and a seeded random model is the one transformers' layers would give."""
+    from gr00t_model._language import LanguageLayer, RMSNorm
+    from gr00t_model._vision import VisionLayer
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2EncoderLayer
+
+    config = fp32_tiny()
+    pairs = [
+        (lambda: VisionLayer(config), lambda: Siglip2EncoderLayer(siglip2_config(config))),
+        (lambda: LanguageLayer(config), lambda: Qwen3DecoderLayer(qwen3_config(config), 0)),
+        (lambda: RMSNorm(64, 1e-6), lambda: Qwen3RMSNorm(64, eps=1e-6)),
+    ]
+    state = torch.random.get_rng_state()
+    try:
+        for ours, theirs in pairs:
+            torch.manual_seed(7)
+            a = ours().state_dict()
+            torch.manual_seed(7)
+            b = theirs().state_dict()
+            assert list(a) == list(b)
+            assert all(torch.equal(a[k], b[k]) for k in a)
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def test_rms_norm_computes_qwen3s_in_bf16_bitwise() -> None:
+    from gr00t_model._language import RMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    ours, theirs = RMSNorm(64, 1e-6), Qwen3RMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        theirs.weight.copy_(ours.weight)
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(ours.to(torch.bfloat16)(x), theirs.to(torch.bfloat16)(x))
 
 
 def test_a_model_with_its_own_layer_classes_pickles_whole(fp32_tiny) -> None:

@@ -184,10 +184,8 @@ def gelu_into_gemm(mlp: nn.Module, up: str = "fc1", activation: str = "activatio
 
 
 def _is_gelu_tanh(act: nn.Module) -> bool:
-    """transformers' GELUTanh (gelu_pytorch_tanh) or torch's nn.GELU(approximate="tanh")."""
-    if isinstance(act, nn.GELU):
-        return act.approximate == "tanh"
-    return type(act).__name__ in ("GELUTanh", "PytorchGELUTanh")
+    """torch's nn.GELU(approximate="tanh") (SigLIP2's gelu_pytorch_tanh)."""
+    return isinstance(act, nn.GELU) and act.approximate == "tanh"
 
 
 def use_fp8(scopes: list[nn.Module], exclude: tuple[str, ...] = ()) -> int:

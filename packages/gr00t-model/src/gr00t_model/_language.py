@@ -1,16 +1,15 @@
 """The Qwen3 text decoder, truncated: token embeddings, the first N decoder layers, final RMSNorm, no LM head.
 
-Layers are transformers' `Qwen3DecoderLayer` with our forward (`language_layer_class`, the same parameters and
-the same ops): it leaves the block-final residual add to the next layer, where it fuses with the first RMSNorm
-when blocks are compiled one at a time (as SigLIP2's layers do). Merging a frozen layer's q/k/v and gate/up
-projections into one GEMM each was tried and was slower on an H200 (BENCHMARKS.md, levers tried). The loop,
-the rotary tables and the mask are ours, built from tensor ops only (no host reads), so a step can be captured
-in a CUDA graph.
+Our own modules with the parameter names (and creation order) of transformers' Qwen3, so release weights load
+as they are and building a model does not import transformers' modeling stack. A layer (`LanguageLayer`)
+leaves the block-final residual add to the next layer, where it fuses with the first RMSNorm when blocks are
+compiled one at a time (as SigLIP2's layers do). Merging a frozen layer's q/k/v and gate/up projections into
+one GEMM each was tried and was slower on an H200 (BENCHMARKS.md, levers tried). The loop, the rotary tables
+and the mask are built from tensor ops only (no host reads), so a step can be captured in a CUDA graph. Tests
+hold every module to transformers' own.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -18,36 +17,6 @@ from torch import nn
 
 from ._checkpointing import run_block
 from ._config import GR00TConfig
-
-
-def qwen3_config(config: GR00TConfig):
-    """The transformers `Qwen3Config` matching our sizes, with only the kept layers."""
-    from transformers import Qwen3Config
-
-    kwargs = dict(
-        vocab_size=config.vocab_size,
-        hidden_size=config.llm_hidden_size,
-        intermediate_size=config.llm_intermediate_size,
-        num_hidden_layers=config.llm_num_layers,
-        num_attention_heads=config.llm_num_heads,
-        num_key_value_heads=config.llm_num_kv_heads,
-        head_dim=config.llm_head_dim,
-        hidden_act="silu",
-        max_position_embeddings=40960,
-        rms_norm_eps=config.llm_rms_norm_eps,
-        attention_bias=False,
-        attention_dropout=0.0,
-        use_sliding_window=False,
-        tie_word_embeddings=True,
-    )
-    try:
-        hf = Qwen3Config(
-            **kwargs, rope_parameters={"rope_type": "default", "rope_theta": config.llm_rope_theta}
-        )
-    except TypeError:  # releases that still take rope_theta directly
-        hf = Qwen3Config(**kwargs, rope_theta=config.llm_rope_theta)
-    hf._attn_implementation = "sdpa"
-    return hf
 
 
 def rotary_tables(
@@ -76,14 +45,11 @@ class LanguageModel(nn.Module):
 
     def __init__(self, config: GR00TConfig) -> None:
         super().__init__()
-        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-        hf = qwen3_config(config)
         self.head_dim = config.llm_head_dim
         self.rope_theta = config.llm_rope_theta
         self.embed_tokens = nn.Embedding(config.vocab_size, config.llm_hidden_size)
-        self.layers = nn.ModuleList(language_layer_class()(hf, i) for i in range(config.llm_num_layers))
-        self.norm = Qwen3RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
+        self.layers = nn.ModuleList(LanguageLayer(config) for _ in range(config.llm_num_layers))
+        self.norm = RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
         self.recompute = "llm" in config.checkpoint_blocks  # activation checkpointing (_checkpointing)
         self.recompute_policy = config.checkpoint_policy
 
@@ -118,30 +84,76 @@ class LanguageModel(nn.Module):
         return cos, sin, causal_padding_mask(valid)
 
 
-@functools.cache
-def language_layer_class() -> type[nn.Module]:
-    """`Qwen3DecoderLayer` with our forward (transformers is imported on first use, as everywhere in this
-    package): the same parameters, names and ops, in SDPA's form."""
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm: the statistics in fp32, the result cast back to the input's dtype before the weight."""
 
-    class LanguageLayer(Qwen3DecoderLayer):
-        def forward(self, hidden, pending=None, attention_mask=None, position_embeddings=None):
-            """(residual stream, the previous layer's MLP output or None, [B, 1, S, S] bool mask, (cos, sin))
-            -> (the stream after this layer's attention, this layer's MLP output): the stream after the layer
-            is their sum, the same adds in the same order as transformers' layer."""
-            if pending is not None:
-                hidden = hidden + pending
-            normed = self.input_layernorm(hidden)
-            hidden = hidden + attention(self.self_attn, normed, attention_mask, *position_embeddings)
-            return hidden, mlp(self.mlp, self.post_attention_layernorm(hidden))
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.variance_epsilon = eps
 
-    # Found again by name (module __getattr__ below), so whole models still pickle.
-    LanguageLayer.__module__, LanguageLayer.__qualname__ = __name__, "LanguageLayer"
-    return LanguageLayer
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"
+
+
+class LanguageAttention(nn.Module):
+    """Qwen3's attention parameters: q/k/v/o projections without bias, q/k RMSNorm per head (`attention`)."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        width, dim = config.llm_hidden_size, config.llm_head_dim
+        heads, kv_heads = config.llm_num_heads, config.llm_num_kv_heads
+        self.head_dim, self.num_key_value_groups, self.scaling = dim, heads // kv_heads, dim**-0.5
+        self.q_proj = nn.Linear(width, heads * dim, bias=False)
+        self.k_proj = nn.Linear(width, kv_heads * dim, bias=False)
+        self.v_proj = nn.Linear(width, kv_heads * dim, bias=False)
+        self.o_proj = nn.Linear(heads * dim, width, bias=False)
+        self.q_norm = RMSNorm(dim, eps=config.llm_rms_norm_eps)
+        self.k_norm = RMSNorm(dim, eps=config.llm_rms_norm_eps)
+
+
+class LanguageMLP(nn.Module):
+    """Qwen3's gated MLP parameters (`mlp`)."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        width, hidden = config.llm_hidden_size, config.llm_intermediate_size
+        self.gate_proj = nn.Linear(width, hidden, bias=False)
+        self.up_proj = nn.Linear(width, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, width, bias=False)
+        self.act_fn = nn.SiLU()
+
+
+class LanguageLayer(nn.Module):
+    """A Qwen3 decoder layer (pre-norm attention, then pre-norm MLP) whose forward leaves its MLP's residual
+    add to the next layer."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        self.hidden_size = config.llm_hidden_size
+        self.self_attn = LanguageAttention(config)
+        self.mlp = LanguageMLP(config)
+        self.input_layernorm = RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.llm_hidden_size, eps=config.llm_rms_norm_eps)
+
+    def forward(self, hidden, pending=None, attention_mask=None, position_embeddings=None):
+        """(residual stream, the previous layer's MLP output or None, [B, 1, S, S] bool mask, (cos, sin))
+        -> (the stream after this layer's attention, this layer's MLP output): the stream after the layer
+        is their sum, the same adds in the same order as transformers' layer."""
+        if pending is not None:
+            hidden = hidden + pending
+        normed = self.input_layernorm(hidden)
+        hidden = hidden + attention(self.self_attn, normed, attention_mask, *position_embeddings)
+        return hidden, mlp(self.mlp, self.post_attention_layernorm(hidden))
 
 
 def attention(attn: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, cos, sin) -> torch.Tensor:
-    """transformers' Qwen3Attention with SDPA (no cache, no dropout): q/k RMSNorm per head, half-split RoPE,
+    """Qwen3's attention as transformers computes it with SDPA (no cache, no dropout): q/k RMSNorm per head, half-split RoPE,
     k and v repeated to every query head (as transformers does under a mask), then the output projection."""
     shape = (*x.shape[:-1], -1, attn.head_dim)
     q = _rotate(attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2), cos, sin)
@@ -153,7 +165,7 @@ def attention(attn: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, cos, 
 
 
 def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' Qwen3MLP."""
+    """Qwen3's MLP: down(silu(gate(x)) * up(x))."""
     return module.down_proj(module.act_fn(module.gate_proj(x)) * module.up_proj(x))
 
 
@@ -170,12 +182,6 @@ def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
         return x
     b, heads, s, d = x.shape
     return x[:, :, None].expand(b, heads, groups, s, d).reshape(b, heads * groups, s, d)
-
-
-def __getattr__(name: str):
-    if name == "LanguageLayer":
-        return language_layer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def init_language_(model: LanguageModel) -> None:

@@ -48,16 +48,12 @@ class GR00TN16(nn.Module):
 
     @staticmethod
     def import_dependencies(triton_attention: bool = False) -> None:
-        """Import the modules building a model needs: transformers' Qwen3 and SigLIP2 layers (which bring in
-        most of transformers and torch.compile's modules) and, with `triton_attention`, the Triton attention
-        op where Triton imports. The first build imports them anyway; calling this first lets a caller time
-        the imports apart from the build."""
+        """Import the modules building a model needs beyond this one's (the layers are our own: no
+        transformers modeling code): with `triton_attention`, the Triton attention op where Triton imports.
+        The first build imports it anyway; calling this first lets a caller time the imports apart from the
+        build."""
         from ._attention import load_triton
-        from ._language import language_layer_class
-        from ._vision import vision_layer_class
 
-        vision_layer_class()
-        language_layer_class()
         if triton_attention:
             load_triton()
 

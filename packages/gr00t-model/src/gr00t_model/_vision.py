@@ -1,18 +1,18 @@
 """SigLIP2 vision tower and the pixel-unshuffle MLP connector.
 
-The encoder layers are transformers' `Siglip2EncoderLayer` with the block-final residual add moved into the next
-layer (`vision_layer_class`): compiled one block at a time, that add was a pass of its own over the residual
-stream (26 us per layer at batch 16 with two cameras on an H200); at the start of the next block it fuses
-with the first LayerNorm. The patch/position embedding is our own small
-module with the same parameter names as transformers' `Siglip2VisionEmbeddings`: that class resizes the
-position table per image from sizes it reads on the host, which breaks CUDA graph capture. Here every image of
-a batch has the same size, so the resize uses Python ints only. Each image is its own batch row, so images
-attend only within themselves whatever attention kernel runs.
+Our own modules with the parameter names (and creation order) of transformers' SigLIP2, so release weights load
+as they are and building a model does not import transformers' modeling stack (10-15 s of a GPU host's
+start-up). The encoder layers move the block-final residual add into the next layer (`VisionLayer`): compiled
+one block at a time, that add was a pass of its own over the residual stream (26 us per layer at batch 16
+with two cameras on an H200); at the start of the next block it fuses with the first LayerNorm. The
+patch/position embedding resizes the position table with Python ints only (every image of a batch has the
+same size), where transformers' reads sizes on the host, which breaks CUDA graph capture. Each image is its own
+batch row, so images attend only within themselves whatever attention kernel runs. Tests hold every module to
+transformers' own.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -20,27 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._config import GR00TConfig
-
-
-def siglip2_config(config: GR00TConfig):
-    """The transformers `Siglip2VisionConfig` matching our sizes (SDPA attention, no pooling head)."""
-    from transformers import Siglip2VisionConfig
-
-    hf = Siglip2VisionConfig(
-        hidden_size=config.vision_hidden_size,
-        intermediate_size=config.vision_intermediate_size,
-        num_hidden_layers=config.vision_num_layers,
-        num_attention_heads=config.vision_num_heads,
-        num_channels=3,
-        patch_size=config.vision_patch_size,
-        num_patches=config.vision_num_positions,
-        hidden_act="gelu_pytorch_tanh",
-        layer_norm_eps=config.vision_layer_norm_eps,
-        attention_dropout=0.0,
-        vision_use_head=False,
-    )
-    hf._attn_implementation = "sdpa"
-    return hf
 
 
 def patchify(pixel_values: torch.Tensor, patch: int) -> torch.Tensor:
@@ -85,44 +64,76 @@ class VisionEmbeddings(nn.Module):
         return embeds + self.positions(rows, cols).to(embeds.dtype)
 
 
-@functools.cache
-def vision_layer_class() -> type[nn.Module]:
-    """`Siglip2EncoderLayer` whose forward leaves its MLP's residual add to the next layer (transformers is
-    imported on first use, as everywhere in this package). The parameters and their names are the same."""
-    from transformers.models.siglip2.modeling_siglip2 import Siglip2EncoderLayer
+class VisionAttention(nn.Module):
+    """SigLIP2's attention: q/k/v/out projections with bias, SDPA without mask or dropout."""
 
-    class VisionLayer(Siglip2EncoderLayer):
-        def forward(self, hidden: torch.Tensor, pending: torch.Tensor | None = None):
-            """(residual stream, the previous layer's MLP output or None) -> (the stream after this layer's
-            attention, this layer's MLP output): the stream after the layer is their sum, the same adds in
-            the same order as the plain layer."""
-            if pending is not None:
-                hidden = hidden + pending
-            normed = self.layer_norm1(hidden)
-            if hasattr(self.self_attn, "qkv"):  # frozen, q/k/v merged (prepare_frozen_prefix)
-                hidden = hidden + merged_attention(self.self_attn, normed)
-            else:
-                hidden = hidden + _first(self.self_attn(hidden_states=normed, attention_mask=None))
-            return hidden, self.mlp(self.layer_norm2(hidden))
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim = width, heads, width // heads
+        self.scale = self.head_dim**-0.5
+        # created in transformers' order (k, v, q, out): the same random draws, the same parameter order
+        self.k_proj = nn.Linear(width, width)
+        self.v_proj = nn.Linear(width, width)
+        self.q_proj = nn.Linear(width, width)
+        self.out_proj = nn.Linear(width, width)
 
-    # Found again by name (module __getattr__ below), so whole models still pickle.
-    VisionLayer.__module__, VisionLayer.__qualname__ = __name__, "VisionLayer"
-    return VisionLayer
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, s = x.shape[:2]
+        q, k, v = (
+            proj(x).view(n, s, self.num_heads, self.head_dim).transpose(1, 2)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return self.out_proj(out.transpose(1, 2).reshape(n, s, -1))
 
 
-def merged_attention(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' Siglip2Attention (SDPA, no mask, no dropout) with q, k and v from one GEMM (`attn.qkv`,
-    a MergedFrozenLinear): the same heads, scale and output projection."""
+class VisionMLP(nn.Module):
+    """fc1 -> tanh-approximated GELU -> fc2."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.activation_fn = nn.GELU(approximate="tanh")
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_fn(self.fc1(x)))
+
+
+class VisionLayer(nn.Module):
+    """A SigLIP2 encoder layer (pre-norm attention, then pre-norm MLP) whose forward leaves its MLP's residual
+    add to the next layer."""
+
+    def __init__(self, config: GR00TConfig) -> None:
+        super().__init__()
+        width, eps = config.vision_hidden_size, config.vision_layer_norm_eps
+        self.embed_dim = width
+        self.layer_norm1 = nn.LayerNorm(width, eps=eps)
+        self.self_attn = VisionAttention(width, config.vision_num_heads)
+        self.layer_norm2 = nn.LayerNorm(width, eps=eps)
+        self.mlp = VisionMLP(width, config.vision_intermediate_size)
+
+    def forward(self, hidden: torch.Tensor, pending: torch.Tensor | None = None):
+        """(residual stream, the previous layer's MLP output or None) -> (the stream after this layer's
+        attention, this layer's MLP output): the stream after the layer is their sum, the same adds in the
+        same order as the plain layer."""
+        if pending is not None:
+            hidden = hidden + pending
+        normed = self.layer_norm1(hidden)
+        if hasattr(self.self_attn, "qkv"):  # frozen, q/k/v merged (prepare_frozen_prefix)
+            hidden = hidden + merged_attention(self.self_attn, normed)
+        else:
+            hidden = hidden + self.self_attn(normed)
+        return hidden, self.mlp(self.layer_norm2(hidden))
+
+
+def merged_attention(attn: VisionAttention, x: torch.Tensor) -> torch.Tensor:
+    """VisionAttention with q, k and v from one GEMM (`attn.qkv`, a MergedFrozenLinear): the same heads,
+    scale and output projection."""
     n, s = x.shape[:2]
     q, k, v = attn.qkv(x).view(n, s, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)
     return attn.out_proj(out.transpose(1, 2).reshape(n, s, -1))
-
-
-def __getattr__(name: str):
-    if name == "VisionLayer":
-        return vision_layer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Encoder(nn.Module):
@@ -136,9 +147,8 @@ class VisionTower(nn.Module):
 
     def __init__(self, config: GR00TConfig) -> None:
         super().__init__()
-        hf = siglip2_config(config)
         self.embeddings = VisionEmbeddings(config)
-        self.encoder = _Encoder([vision_layer_class()(hf) for _ in range(config.vision_num_layers)])
+        self.encoder = _Encoder([VisionLayer(config) for _ in range(config.vision_num_layers)])
         self.post_layernorm = nn.LayerNorm(config.vision_hidden_size, eps=config.vision_layer_norm_eps)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -194,8 +204,3 @@ def init_vision_(tower: VisionTower) -> None:
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-
-
-def _first(output):
-    """Layers return a tensor in transformers 5.x and a 1-tuple in some older versions."""
-    return output[0] if isinstance(output, tuple) else output

@@ -122,8 +122,8 @@ def start_facts(cfg: TrainConfig) -> dict:
 
 
 def import_model_modules(cfg: TrainConfig, device: torch.device) -> None:
-    """Import the Python modules building the model needs (transformers' layers, torch.compile's modules they
-    bring, the Triton attention op when it runs): start-up's "imports" part of the model phase."""
+    """Import the Python modules building the model needs beyond those imported already (the Triton attention
+    op when it runs): start-up's "imports" part of the model phase."""
     resolved, _ = resolve_optimizations(cfg, device)
     GR00TN16.import_dependencies(triton_attention=_triton_attention(resolved, device))
 
