@@ -65,7 +65,10 @@ def _train(
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads((out / "summary.json").read_text()), wall
+    summary = json.loads((out / "summary.json").read_text())
+    # the process's end after its report (plots, workers and memory released, interpreter exit)
+    summary["after_summary_s"] = time.time() - (out / "summary.json").stat().st_mtime
+    return summary, wall
 
 
 def _steps_seconds(folder: Path) -> float:
@@ -150,6 +153,10 @@ def main() -> None:
         "checkpoint_write_s": summary.get("checkpoint_write_s"),
         "checkpoint_bytes": summary.get("checkpoint_bytes"),
         "validation_s": validation_s,
+        # inside other_s: the final save's wait (the write, then the staging pool's release), and the
+        # process's end after summary.json was written
+        "checkpoint_final_wait_s": summary.get("checkpoint_final_wait_s"),
+        "after_summary_s": summary["after_summary_s"],
         "other_s": other,
         "non_step_share": (wall - steps_s) / wall,
         "samples_per_s_job": samples / wall,
@@ -175,6 +182,12 @@ def main() -> None:
         f"updates waited {sum(result['checkpoint_update_wait_s'] or []):.2f} s more), validation "
         f"{validation_s:.1f} s, rest {other:.1f} s; non-step share {100 * result['non_step_share']:.1f}%; "
         f"{result['samples_per_s_job']:.1f} samples/s over the job against {result['samples_per_s_steady']:.1f} steady"
+    )
+    final = result["checkpoint_final_wait_s"] or {}
+    print(
+        "rest: final save's wait "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in final.items())
+        + f"; after summary.json {result['after_summary_s']:.1f} s"
     )
     long = result["projected_non_step_share"]
     print(

@@ -68,6 +68,8 @@ def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path, env, standins)
     assert summary["checkpoint_update_wait_s"] == [0.0] * 3  # CPU: the copies end before the save returns
     assert all(w >= 0.4 for w in writes) and max(stalls) < 0.3  # the writes took longer than the loop waited
     assert summary["checkpoint_failures"] == []
+    final = summary["checkpoint_final_wait_s"]  # the final save's 0.4 s write is waited for, and timed
+    assert set(final) == {"write", "staging_release"} and final["write"] >= 0.3
     sizes = [sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) for d in _steps(tmp_path)]
     assert summary["checkpoint_bytes"] == sizes
     steps_after_first_save = [t for s, t in step_times if s == 3]

@@ -234,11 +234,19 @@ class CheckpointComponent:
 
     def wait(self) -> None:
         """Wait for the write in flight (the final save, a stop, the end of the run): its failure raises
-        CheckpointError on every rank, whatever checkpoint.on_error says (no later save would follow)."""
+        CheckpointError on every rank, whatever checkpoint.on_error says (no later save would follow).
+        summary.json's `checkpoint_final_wait_s` times its parts: the write's wait and the pool's release."""
+        started, waited = time.perf_counter(), self._inflight is not None
         try:
             self._settle(final=True)
         finally:
+            settled = time.perf_counter()
             self._release_staging()
+            if waited:  # a later call (the run's end after a final save) has nothing to time
+                self.parts.facts["checkpoint_final_wait_s"] = {
+                    "write": round(settled - started, 3),
+                    "staging_release": round(time.perf_counter() - settled, 3),
+                }
 
     def abandon(self) -> None:
         """The run failed: a write in flight stops waiting for other ranks' parts and is given the time to
