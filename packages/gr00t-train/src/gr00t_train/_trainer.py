@@ -213,16 +213,17 @@ class Trainer:
         """Forward, loss and backward of one microbatch (the GraphedStep calls it, and captures it in graph
         modes, under the gradient sync's no_sync() / launch_in_backward() as its place in the step needs).
         With the optimizer on its side stream, the part that reads no trainable weight runs before waiting
-        for the update."""
+        for the update, and with the update in stages each trainable block waits only for its own stage (also
+        where nothing is frozen ahead of them: a run from the prefix cache)."""
         model, parts = self.model, self.parts
         model.note_rows(batch)
-        if model.updates is not None and parts.frozen_prefix is not None:
-            prefix = parts.frozen_prefix(batch)  # reads no trainable weight: overlaps the update
+        if model.updates is not None:
+            # the frozen prefix reads no trainable weight: it runs beside the update
+            prefix = () if parts.frozen_prefix is None else (parts.frozen_prefix(batch),)
             model.updates.wait_stage(0)  # staged (staged_update): each block then waits for its own stage
-            loss = parts.loss_fn(model.module, batch, prefix)
+            loss = parts.loss_fn(model.module, batch, *prefix)
             model.updates.wait()  # the whole update and the gradients' zeroing: the backward writes them
         else:
-            model.wait_for_update()
             loss = parts.loss_fn(model.module, batch)  # precision (autocast) is the model's own business
         (loss / self.cfg.optim.grad_accum).backward()
         return loss.detach()
