@@ -40,15 +40,19 @@ def parse() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("/tmp/time_to_model"))
     p.add_argument("--json", type=Path)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--sample-warm", type=Path, metavar="TXT",
+                   help="run the warm process under stack_sampler.py and write where its time went here")  # fmt: skip
     return p.parse_args()
 
 
 def _train(
-    args: argparse.Namespace, name: str, steps: int, caches: Path, sets: list[str]
+    args: argparse.Namespace, name: str, steps: int, caches: Path, sets: list[str], sample: Path | None = None
 ) -> tuple[dict, float]:
-    """Run one `gr00t-train train` process; returns (its summary.json, its wall seconds)."""
+    """Run one `gr00t-train train` process (under stack_sampler.py, writing `sample`, if given); returns (its
+    summary.json, its wall seconds)."""
     out = args.out / name
-    argv = [sys.executable, "-m", "gr00t_train", "train", "--overwrite"]
+    sampler = [str(Path(__file__).with_name("stack_sampler.py")), "--out", str(sample)] if sample else []
+    argv = [sys.executable, *sampler, "-m", "gr00t_train", "train", "--overwrite"]
     for item in (f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"steps={steps}",
                  f"output_dir={out}", "logging.progress=false", *sets, *args.overrides):  # fmt: skip
         argv += ["--set", item]
@@ -115,7 +119,8 @@ def main() -> None:
     flushed = time.perf_counter()
     os.sync()
     flush_s = time.perf_counter() - flushed
-    warm, _ = _train(args, "warm", args.warm_steps, caches, ["checkpoint.save_final=false", "eval.every=0"])
+    warm, _ = _train(args, "warm", args.warm_steps, caches, ["checkpoint.save_final=false", "eval.every=0"],
+                     args.sample_warm)
     steps_s = _steps_seconds(args.out / "job")
     stalls = list(summary.get("checkpoint_stall_s") or [])
     validation_s = float(summary.get("validation_s") or 0.0)
