@@ -119,8 +119,8 @@ def main() -> None:
     flushed = time.perf_counter()
     os.sync()
     flush_s = time.perf_counter() - flushed
-    warm, _ = _train(args, "warm", args.warm_steps, caches, ["checkpoint.save_final=false", "eval.every=0"],
-                     args.sample_warm)
+    warm_sets = ["checkpoint.save_final=false", "eval.every=0"]
+    warm, _ = _train(args, "warm", args.warm_steps, caches, warm_sets, args.sample_warm)
     steps_s = _steps_seconds(args.out / "job")
     stalls = list(summary.get("checkpoint_stall_s") or [])
     validation_s = float(summary.get("validation_s") or 0.0)
