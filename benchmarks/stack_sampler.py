@@ -7,12 +7,15 @@ Runs the module like `python -m`, with a daemon thread reading the main thread's
 Python-heavy work (Dynamo's tracing) several times over; a sampler costs one stack walk per interval and also
 sees time spent in C (CUDA context creation, a cuBLAS handle, a file read) under the Python frame that called
 it. The report lists functions by inclusive share (the samples whose stack holds them) and by self share
-(the innermost frame), each as `seconds  share  file:line function`."""
+(the innermost frame), each as `seconds  share  file:line function`; `--folded` also writes every sampled
+stack, outermost first, as gzipped `frame;frame;...;frame count` lines (the flame-graph tools' input), for
+finding who called what."""
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import runpy
 import sys
 import threading
@@ -27,6 +30,7 @@ class StackSampler:
         self.thread_id, self.interval = thread_id, interval
         self.inclusive: collections.Counter[str] = collections.Counter()
         self.innermost: collections.Counter[str] = collections.Counter()
+        self.stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
         self.samples = 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
@@ -48,14 +52,14 @@ class StackSampler:
             if frame is None:
                 continue
             self.samples += 1
-            seen: set[str] = set()  # a recursive function counts once per sample
-            self.innermost[_where(frame)] += 1
+            stack = []
             while frame is not None:
-                key = _where(frame)
-                if key not in seen:
-                    seen.add(key)
-                    self.inclusive[key] += 1
+                stack.append(_where(frame))
                 frame = frame.f_back
+            self.stacks[tuple(reversed(stack))] += 1
+            self.innermost[stack[0]] += 1
+            for key in set(stack):  # a recursive function counts once per sample
+                self.inclusive[key] += 1
 
     def report(self, seconds: float, top: int) -> str:
         per_sample = seconds / max(1, self.samples)
@@ -66,10 +70,16 @@ class StackSampler:
                 lines.append(f"{count * per_sample:8.2f} {count / max(1, self.samples):6.1%}  {key}")
         return "\n".join(lines) + "\n"
 
+    def write_folded(self, path: Path) -> None:
+        with gzip.open(path, "wt") as f:
+            for stack, count in self.stacks.most_common():
+                f.write(";".join(stack) + f" {count}\n")
+
 
 def _where(frame) -> str:
     code = frame.f_code
-    return f"{code.co_filename}:{code.co_firstlineno} {code.co_name}"
+    where = code.co_filename.rsplit("site-packages/", 1)[-1].rsplit("/src/", 1)[-1]  # short: package/module
+    return f"{where}:{code.co_firstlineno} {code.co_name}"
 
 
 def main() -> None:
@@ -77,6 +87,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="the report (text)")
     p.add_argument("--interval", type=float, default=0.005, help="seconds between samples")
     p.add_argument("--top", type=int, default=80, help="functions listed per table")
+    p.add_argument("--folded", type=Path, help="also every sampled stack here (gzipped folded lines)")
     p.add_argument("-m", dest="module", required=True, help="the module to run, as python -m runs it")
     args, rest = p.parse_known_args()
     sys.argv = [args.module, *rest]
@@ -92,6 +103,8 @@ def main() -> None:
         seconds = sampler.stop()
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(sampler.report(seconds, args.top))
+        if args.folded:
+            sampler.write_folded(args.folded)
     sys.exit(code)
 
 

@@ -41,7 +41,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--json", type=Path)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--sample-warm", type=Path, metavar="TXT",
-                   help="run the warm process under stack_sampler.py and write where its time went here")  # fmt: skip
+                   help="run the warm process under stack_sampler.py and write where its time went here "
+                   "(and its stacks beside it, .folded.gz)")  # fmt: skip
     return p.parse_args()
 
 
@@ -51,7 +52,8 @@ def _train(
     """Run one `gr00t-train train` process (under stack_sampler.py, writing `sample`, if given); returns (its
     summary.json, its wall seconds)."""
     out = args.out / name
-    sampler = [str(Path(__file__).with_name("stack_sampler.py")), "--out", str(sample)] if sample else []
+    sampler = [str(Path(__file__).with_name("stack_sampler.py")), "--out", str(sample),
+               "--folded", str(sample.with_suffix(".folded.gz"))] if sample else []  # fmt: skip
     argv = [sys.executable, *sampler, "-m", "gr00t_train", "train", "--overwrite"]
     for item in (f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"steps={steps}",
                  f"output_dir={out}", "logging.progress=false", *sets, *args.overrides):  # fmt: skip
