@@ -69,6 +69,8 @@ def _train(
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
+    # the process's log (and torch's, e.g. under TORCH_LOGS) beside its run folder
+    (args.out / f"{name}.stderr.log").write_text(proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     summary = json.loads((out / "summary.json").read_text())
@@ -149,6 +151,9 @@ def main() -> None:
         # the model phase by part (run folder, dataset metadata, imports, ..., weights, frozen prefix)
         "startup_model_parts": summary.get("startup_model_parts"),
         "startup_model_parts_warm": warm.get("startup_model_parts"),
+        # torch.compile's FX graph and AOTAutograd caches: hits, misses and bypasses (warm: all hits)
+        "startup_compile_caches": summary.get("startup_compile_caches"),
+        "startup_compile_caches_warm": warm.get("startup_compile_caches"),
         "steps_s": steps_s,
         "checkpoint_stall_s": stalls,
         # each stall by part (they add up to it), the staging's own parts beside them (pool wait and growth,
@@ -177,6 +182,12 @@ def main() -> None:
     for name, phases in (("cold", result["startup_phases"]), ("warm", result["startup_phases_warm"])):
         if phases:
             print(f"start-up {name}: " + ", ".join(f"{key} {value:.1f} s" for key, value in phases.items()))
+    for name, caches in (
+        ("cold", result["startup_compile_caches"]),
+        ("warm", result["startup_compile_caches_warm"]),
+    ):
+        if caches:
+            print(f"compile caches {name}: " + ", ".join(f"{key} {value}" for key, value in caches.items()))
     for name, parts in (
         ("cold", result["startup_model_parts"]),
         ("warm", result["startup_model_parts_warm"]),

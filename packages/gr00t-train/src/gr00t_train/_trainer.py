@@ -269,6 +269,7 @@ class Trainer:
             "first_step_s": self.first_step_s,
             "startup_s": self.startup_s,
             "startup_phases": startup_clock.ordered() if self.startup_s is not None else None,
+            "startup_compile_caches": startup_clock.compile_caches if self.startup_s is not None else None,
             "capture_s": report.capture_seconds,
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,

@@ -6,7 +6,8 @@ MODEL_PARTS); whatever follows the last part is filed as "other", so a phase's p
 step splits into compilation (torch.compile's own count of its frame and backward compiles), graph capture
 (vla_graph's report) and the rest of the step. One INFO line and summary.json's `startup_phases` give the
 result, one INFO line per split phase and `startup_model_parts` its parts, so a measurement shows where
-start-up goes without a profiler.
+start-up goes without a profiler. `startup_compile_caches` says whether compilation read torch.compile's
+caches: a second run on the same caches should have hits only (a miss or bypass compiles that graph again).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ class StartupClock:
     def __init__(self) -> None:
         self.phases: dict[str, float] = {}
         self.parts: dict[str, dict[str, float]] = {}
+        self.compile_caches: dict[str, int] = {}  # compile_cache_counts() at the end of the first step
         self._last: float | None = None  # when the previous phase ended (None: not running)
         self._last_part = 0.0  # when the previous part (or phase) ended
         self._pending: dict[str, float] = {}  # parts of the phase in progress
 
     def start(self, now: float) -> None:
         """The run begins at perf_counter() `now`; the time before it (since the process started) is imports."""
-        self.phases, self.parts, self._pending = {}, {}, {}
+        self.phases, self.parts, self._pending, self.compile_caches = {}, {}, {}, {}
         self._last = self._last_part = now
         before = seconds_since_process_start()
         if before is not None:
@@ -92,6 +94,11 @@ class StartupClock:
         self.phases.update(compile=compile_s, graph_capture=capture, first_step=seconds - compile_s - capture)
         self._last = None
         log.info("start-up: %s", _line(self.ordered()))
+        self.compile_caches = compile_cache_counts()
+        if self.compile_caches:
+            log.info(
+                "start-up, compile caches: %s", ", ".join(f"{k} {v}" for k, v in self.compile_caches.items())
+            )
 
     def ordered(self) -> dict[str, float]:
         return {name: round(self.phases[name], 3) for name in PHASES if name in self.phases}
@@ -107,6 +114,26 @@ def compile_seconds() -> float:
         return 0.0
     spent = getattr(sys.modules["torch._dynamo"].utils, "calculate_time_spent", None)
     return float(spent().get("total_wall_time", 0.0)) if spent is not None else 0.0
+
+
+CACHE_COUNTERS = {  # name: (torch._dynamo.utils.counters group, key)
+    "fx_graph_hit": ("inductor", "fxgraph_cache_hit"),
+    "fx_graph_miss": ("inductor", "fxgraph_cache_miss"),
+    "fx_graph_bypass": ("inductor", "fxgraph_cache_bypass"),
+    "aot_autograd_hit": ("aot_autograd", "autograd_cache_hit"),
+    "aot_autograd_miss": ("aot_autograd", "autograd_cache_miss"),
+    "aot_autograd_bypass": ("aot_autograd", "autograd_cache_bypass"),
+}
+
+
+def compile_cache_counts() -> dict[str, int]:
+    """How often torch.compile's FX graph and AOTAutograd caches hit, missed or were bypassed so far in this
+    process ({} without torch.compile)."""
+    if "torch._dynamo" not in sys.modules:
+        return {}
+    counters = sys.modules["torch._dynamo"].utils.counters
+    counts = {name: int(counters[group][key]) for name, (group, key) in CACHE_COUNTERS.items()}
+    return counts if any(counts.values()) else {}
 
 
 def seconds_since_process_start() -> float | None:
