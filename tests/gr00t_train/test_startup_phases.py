@@ -52,3 +52,25 @@ def test_first_step_splits_into_compile_capture_and_the_rest(monkeypatch) -> Non
     unstarted.mark("model")
     unstarted.first_step(1.0, None)
     assert unstarted.ordered() == {}
+
+
+def test_compile_cache_counts_read_torch_compile_counters() -> None:
+    import torch._dynamo.utils as dynamo_utils
+    from gr00t_train.metrics.startup import CACHE_COUNTERS, compile_cache_counts
+
+    counters = dynamo_utils.counters
+    saved = {group: dict(counters[group]) for group in ("inductor", "aot_autograd")}
+    try:
+        for group in saved:
+            counters[group].clear()
+        assert compile_cache_counts() == {}  # nothing compiled: no report
+        counters["inductor"]["fxgraph_cache_hit"] += 3
+        counters["aot_autograd"]["autograd_cache_bypass"] += 1
+        counts = compile_cache_counts()
+        assert list(counts) == list(CACHE_COUNTERS)
+        assert counts["fx_graph_hit"] == 3 and counts["aot_autograd_bypass"] == 1
+        assert sum(counts.values()) == 4
+    finally:
+        for group, values in saved.items():
+            counters[group].clear()
+            counters[group].update(values)
