@@ -114,3 +114,58 @@ def test_compile_blocks_applies_it_and_keeps_the_fx_graph_cache(monkeypatch) -> 
         model.uncompile_blocks()
     assert calls == [1]  # Inductor only
     assert "fx_graph_cache" not in _model.INDUCTOR_OPTIONS
+
+
+def _doubling(backward_scale: float) -> type[torch.autograd.Function]:
+    """A custom autograd.Function as vla_overlap's grad-in-bucket Linear is one: y = 2x, with a backward of
+    its own (scaled by `backward_scale`, so a changed backward is a different Function)."""
+
+    class Doubling(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * backward_scale
+
+    return Doubling
+
+
+def _compile_and_step(
+    function: type[torch.autograd.Function], wrap
+) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """A fresh compile (as in a new process) of sin -> function -> sum, its forward called through `wrap`
+    and its backward run after the call has returned, as a training step does. Returns AOTAutograd's cache
+    counters, the input and its gradient."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = wrap(torch.compile(lambda x: function.apply(x.sin()).sum(), dynamic=False))
+    x = torch.randn(8, requires_grad=True)
+    compiled(x).backward()
+    return dict(counters["aot_autograd"]), x, x.grad
+
+
+def test_custom_autograd_functions_load_from_the_aot_autograd_cache() -> None:
+    from torch._functorch import config
+    from torch._inductor.utils import fresh_cache
+
+    if not hasattr(config, "autograd_cache_allow_custom_autograd_functions"):
+        pytest.skip("this torch has no flag for caching custom autograd Functions")
+    from gr00t_model._inductor_cache import caching_custom_functions
+
+    with fresh_cache():
+        plain, _, _ = _compile_and_step(_doubling(2.0), lambda f: f)
+        assert plain.get("autograd_cache_bypass") == 1  # torch's default: such graphs are never cached
+        first, _, _ = _compile_and_step(_doubling(2.0), caching_custom_functions)
+        assert first.get("autograd_cache_saved") == 1
+        assert config.autograd_cache_allow_custom_autograd_functions is False  # scoped to the call
+        again, x, grad = _compile_and_step(_doubling(2.0), caching_custom_functions)
+        assert again.get("autograd_cache_hit") == 1 and "autograd_cache_miss" not in again
+        torch.testing.assert_close(grad, x.detach().cos() * 2.0)
+        changed, x, grad = _compile_and_step(_doubling(3.0), caching_custom_functions)
+        assert changed.get("autograd_cache_miss") == 1  # the key holds the backward that Dynamo traced
+        torch.testing.assert_close(grad, x.detach().cos() * 3.0)
+    torch._dynamo.reset()

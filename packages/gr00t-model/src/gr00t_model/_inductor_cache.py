@@ -7,12 +7,20 @@ None, and handed out by `StaticAutotunerFuture.result` without putting a lock ba
 `fn.cache_key` (which takes that lock) to find the sub-kernel it picked last time, so the second process
 failed at its first compiled call. Giving the kernel a fresh lock there is all that is missing: the kernel's
 hash itself was saved with it, so the key reads the same as in the process that compiled it.
+
+`caching_custom_functions` lets a compiled graph holding a custom autograd.Function (vla_overlap's Linear
+that writes its weight gradient into the bucket) load from the AOTAutograd cache too. torch bypasses that cache
+for such graphs by default ("Unsupported call_function target autograd_function_apply"), so every warm start
+traced and partitioned the trainable blocks again (3-4 s on an H200 host). The key holds the forward and
+backward Dynamo traced from the Function, so a changed Function misses; the flag is scoped to our compiled
+calls rather than set for the whole process.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -58,3 +66,26 @@ def let_multi_kernels_load_from_cache() -> bool:
         result_with_lock._gives_hash_lock = True  # type: ignore[attr-defined]
         StaticAutotunerFuture.result = result_with_lock  # type: ignore[method-assign]
     return True
+
+
+def caching_custom_functions(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiled` (a torch.compile'd callable), calling it with custom autograd.Functions cacheable by
+    AOTAutograd: its compiles, which happen inside the call, read the flag then. A plain attribute swap, not
+    config.patch: it runs on every call (about 1 us)."""
+    try:
+        from torch._functorch import config
+    except ImportError:
+        return compiled
+    if not hasattr(config, "autograd_cache_allow_custom_autograd_functions"):
+        return compiled
+
+    @functools.wraps(compiled)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        before = config.autograd_cache_allow_custom_autograd_functions
+        config.autograd_cache_allow_custom_autograd_functions = True
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            config.autograd_cache_allow_custom_autograd_functions = before
+
+    return call

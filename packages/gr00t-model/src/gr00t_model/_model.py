@@ -15,7 +15,7 @@ from ._backbone import Backbone, FrozenPrefix
 from ._checkpointing import checkpointed_forward, saves
 from ._config import GR00TConfig
 from ._frozen_linear import gelu_into_gemm, merge_qkv, pad_mlp, use_fp8
-from ._inductor_cache import let_multi_kernels_load_from_cache
+from ._inductor_cache import caching_custom_functions, let_multi_kernels_load_from_cache
 
 BATCH_KEYS = ("input_ids", "attention_mask", "pixel_values", "state", "embodiment_id")
 
@@ -193,10 +193,10 @@ class GR00TN16(nn.Module):
                 if name == "forward" and block in recomputed:  # the checkpoint compiled with the block
                     policy = self.config.checkpoint_policy
                     method, block.checkpoints_itself = checkpointed_forward(block, policy), True
-                setattr(block, name, torch.compile(method, **options))
+                setattr(block, name, caching_custom_functions(torch.compile(method, **options)))
         dit = self.action_head.model
         if dit.grad_sum is None:  # the DiT context cast's gradient sum: one fused kernel (_context_cast)
-            dit.grad_sum = torch.compile(context_cast.sum_grads, **options)
+            dit.grad_sum = caching_custom_functions(torch.compile(context_cast.sum_grads, **options))
         return len(blocks)
 
     def uncompile_blocks(self) -> None:

@@ -7,9 +7,9 @@ import string
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .meta import DatasetMeta
+from .parquet_file import read_parquet
 
 
 def unindexed_episodes(meta: DatasetMeta) -> list[tuple[Path, int]]:
@@ -19,7 +19,7 @@ def unindexed_episodes(meta: DatasetMeta) -> list[tuple[Path, int]]:
         found = []
         for path in sorted((meta.root / "data").glob("**/*.parquet")):
             try:
-                column = pq.read_table(path, columns=["episode_index"]).column(0).to_numpy()
+                column = read_parquet(path, ["episode_index"]).column(0).to_numpy()
             except Exception:  # unreadable or no such column: the frame table reports it when used
                 continue
             found += [(path, int(e)) for e in np.unique(column) if int(e) not in known]

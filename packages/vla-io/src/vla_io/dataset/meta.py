@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from .._errors import DatasetFormatError
 from .modality import Modality
+from .parquet_file import read_parquet
 from .stats import Stats, aggregate_stats, stats_from_json
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def _read_parquet(path: Path, columns: Collection[str] | None = None) -> dict[st
     try:
         if columns is not None:
             columns = [name for name in pq.read_schema(path).names if name in columns]
-        return pq.read_table(path, columns=columns).to_pydict()
+        return read_parquet(path, columns).to_pydict()
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: file not found") from None
     except Exception as err:  # pyarrow raises several types for corrupt files

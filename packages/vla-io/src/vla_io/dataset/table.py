@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .._errors import DatasetFormatError
 from .meta import DatasetMeta, Episode
+from .parquet_file import read_parquet
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def read_file_rows(path: str, episodes: Sequence[Episode], skip: set[str], stric
     bad episode and key as they always have.
     """
     try:
-        table = pq.read_table(path)
+        table = read_parquet(path)
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: data file of episode {episodes[0].index} not found") from None
     except Exception as err:
