@@ -24,12 +24,10 @@ from pathlib import Path
 
 
 class StackSampler:
-    """Samples one thread's stack every `interval` seconds on a daemon thread, until `stop()`; with
-    `other_threads`, the other Python threads' stacks too (kept in `stacks` under `[thread NAME]`, outside
-    the report's tables)."""
+    """Samples one thread's stack every `interval` seconds on a daemon thread, until `stop()`."""
 
-    def __init__(self, thread_id: int, interval: float, other_threads: bool = False) -> None:
-        self.thread_id, self.interval, self.other_threads = thread_id, interval, other_threads
+    def __init__(self, thread_id: int, interval: float) -> None:
+        self.thread_id, self.interval = thread_id, interval
         self.inclusive: collections.Counter[str] = collections.Counter()
         self.innermost: collections.Counter[str] = collections.Counter()
         self.stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
@@ -49,20 +47,15 @@ class StackSampler:
         return time.perf_counter() - self.started
 
     def _run(self) -> None:
-        own = threading.get_ident()
         while not self._done.wait(self.interval):
-            frames = sys._current_frames()
-            if self.other_threads:
-                names = {thread.ident: thread.name for thread in threading.enumerate()}
-                for ident, other in frames.items():
-                    if ident not in (own, self.thread_id):
-                        label = f"[thread {names.get(ident, ident)}]"
-                        self.stacks[(label, *reversed(_stack(other)))] += 1
-            frame = frames.get(self.thread_id)
+            frame = sys._current_frames().get(self.thread_id)
             if frame is None:
                 continue
             self.samples += 1
-            stack = _stack(frame)
+            stack = []
+            while frame is not None:
+                stack.append(_where(frame))
+                frame = frame.f_back
             self.stacks[tuple(reversed(stack))] += 1
             self.innermost[stack[0]] += 1
             for key in set(stack):  # a recursive function counts once per sample
@@ -83,15 +76,6 @@ class StackSampler:
                 f.write(";".join(stack) + f" {count}\n")
 
 
-def _stack(frame) -> list[str]:
-    """The frames from `frame` outwards, innermost first."""
-    stack = []
-    while frame is not None:
-        stack.append(_where(frame))
-        frame = frame.f_back
-    return stack
-
-
 def _where(frame) -> str:
     code = frame.f_code
     where = code.co_filename.rsplit("site-packages/", 1)[-1].rsplit("/src/", 1)[-1]  # short: package/module
@@ -104,14 +88,12 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=0.005, help="seconds between samples")
     p.add_argument("--top", type=int, default=80, help="functions listed per table")
     p.add_argument("--folded", type=Path, help="also every sampled stack here (gzipped folded lines)")
-    p.add_argument("--other-threads", action="store_true",
-                   help="also sample the other Python threads into --folded, each stack under [thread NAME]")  # fmt: skip
     p.add_argument("-m", dest="module", required=True, help="the module to run, as python -m runs it")
     args, rest = p.parse_known_args()
     sys.argv = [args.module, *rest]
     if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
         sys.path.pop(0)  # as `python -m` runs it: this folder's scripts are not importable modules
-    sampler = StackSampler(threading.main_thread().ident, args.interval, args.other_threads).start()
+    sampler = StackSampler(threading.main_thread().ident, args.interval).start()
     code = 0
     try:
         runpy.run_module(args.module, run_name="__main__", alter_sys=True)
