@@ -54,11 +54,10 @@ def parse() -> argparse.Namespace:
 
 
 def preread_libraries() -> tuple[float, int]:
-    """Read the shared libraries of torch, Triton, NVIDIA's CUDA wheels and the decoders into the page cache, as they are on
-    any machine that has run torch since it booted. On a freshly started host the cold run otherwise read
-    them from disk as CUDA loaded its kernels (~11 s before its first batch reached the GPU, 2026-12-04),
-    which the warm run never pays, so the two would not differ by the compile caches alone. Returns (seconds,
-    bytes read), no part of the job."""
+    """Read the shared libraries of torch, Triton, NVIDIA's CUDA wheels and the decoders into the page cache,
+    as they are on any machine that has run torch since it booted. On a freshly started host the cold run's
+    first batch took ~11 s more than the warm run's to reach the GPU (2026-12-04), so the two differed by more
+    than the compile caches. Returns (seconds, bytes read), no part of the job."""
     started, total = time.perf_counter(), 0
     roots = [
         Path(p) / name
