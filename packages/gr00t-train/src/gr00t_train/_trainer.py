@@ -162,6 +162,7 @@ class Trainer:
             timer.begin_step()
             lr = self.model.set_lr(step)
             microbatches = self.data.next_step(timer)  # timed as data_wait
+            self.checkpoint.reserve_staging()  # once, after the first batch: see its docstring
             started = time.perf_counter()
             try:
                 loss, grad_norm = self.train_step(microbatches)
