@@ -4,8 +4,7 @@ One process runs `gr00t-train train` on `--dataset` with every setting at its de
 `--steps` steps, a checkpoint every `--every` steps and a validation every `--eval-every`, with fresh compile
 caches (cold); a second process repeats only the start-up with the caches the first one filled (warm). Both
 read bytecode compiled beforehand (PYTHONPYCACHEPREFIX under --out, filled by compileall over sys.path), as a
-user's installed packages have it from pip (`--no-bytecode` leaves it to the cold run to write), and torch's and
-CUDA's libraries are read into the page cache first (`--no-preread`: a freshly started host). The wall time
+user's installed packages have it from pip (`--no-bytecode` leaves it to the cold run to write). The wall time
 of the job splits into start-up (process group, model, data, compilation and graph capture, to the end of the
 first step), steps, checkpoint stalls (the loop waiting for a save; the writes run in the
 background), validation and the rest (the final save's wait, reports). Samples/s over the whole job stand
@@ -46,32 +45,9 @@ def parse() -> argparse.Namespace:
                    help="run the warm process under stack_sampler.py and write where its time went here "
                    "(and its stacks beside it, .folded.gz)")  # fmt: skip
     p.add_argument("--sample-cold", type=Path, metavar="TXT", help="the same for the first (cold) process")
-    p.add_argument("--no-preread", action="store_true",
-                   help="do not read torch's, Triton's and CUDA's libraries into the page cache first")  # fmt: skip
     p.add_argument("--no-bytecode", action="store_true",
                    help="do not compile bytecode beforehand: the cold run compiles every module it imports")  # fmt: skip
     return p.parse_args()
-
-
-def preread_libraries() -> tuple[float, int]:
-    """Read the shared libraries of torch, Triton, NVIDIA's CUDA wheels and the decoders into the page cache,
-    as they are on any machine that has run torch since it booted. On a freshly started host the cold run's
-    first batch took ~11 s more than the warm run's to reach the GPU (2026-12-04), so the two differed by more
-    than the compile caches. Returns (seconds, bytes read), no part of the job."""
-    started, total = time.perf_counter(), 0
-    roots = [
-        Path(p) / name
-        for p in sys.path
-        if p
-        for name in ("torch", "triton", "nvidia", "av", "av.libs", "torchcodec")
-    ]
-    for root in (r for r in roots if r.is_dir()):
-        for path in root.rglob("*.so*"):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    while chunk := f.read(1 << 24):
-                        total += len(chunk)
-    return time.perf_counter() - started, total
 
 
 def precompile_bytecode(pycache: Path) -> float:
@@ -163,14 +139,15 @@ def main() -> None:
     # GPU host's 64 GB scratch disk next to the dataset and caches
     job = [f"checkpoint.every={args.every}", f"eval.every={args.eval_every}", "checkpoint.keep_last=1"]
     bytecode_s = None if args.no_bytecode else precompile_bytecode(caches / "pycache")
-    preread_s, preread_bytes = (None, 0) if args.no_preread else preread_libraries()
     summary, wall = _train(args, "job", args.steps, caches, job, args.sample_cold)
     # the job's saves leave gigabytes of dirty pages that the kernel writes back after it exits: the warm
     # start-up would read its caches and bytecode behind that write-back, so it is flushed first
     flushed = time.perf_counter()
     os.sync()
     flush_s = time.perf_counter() - flushed
-    warm_sets = ["checkpoint.save_final=false", "eval.every=0"]
+    # the job's checkpoint settings (so the warm start reserves the same staging memory), with no save in its
+    # few steps and no final one
+    warm_sets = [*job, "checkpoint.save_final=false", "eval.every=0"]
     warm, _ = _train(args, "warm", args.warm_steps, caches, warm_sets, args.sample_warm)
     steps_s = _steps_seconds(args.out / "job")
     stalls = list(summary.get("checkpoint_stall_s") or [])
@@ -187,11 +164,8 @@ def main() -> None:
             "eval_every": args.eval_every,
             "overrides": args.overrides,
             "bytecode_compiled_beforehand": not args.no_bytecode,
-            "libraries_read_beforehand": not args.no_preread,
         },  # fmt: skip
         "bytecode_precompile_s": bytecode_s,
-        "library_preread_s": preread_s,
-        "library_preread_bytes": preread_bytes,
         "wall_s": wall,
         "startup_s": startup,
         "startup_warm_s": float(warm["startup_s"]),

@@ -95,3 +95,28 @@ def test_a_run_registers_its_update_hook_and_frees_the_pool_at_the_end(tmp_path,
     assert steps_with_hook == [1] * 4  # the updates wait for a save's copies while the run lasts
     assert len(hooks) == 0 and trainer.checkpoint.staging.pool.capacity == 0  # released at the end
     assert trainer.checkpoint.staging.update_wait_s == [0.0, 0.0]  # one per save (CPU: no wait)
+
+
+def test_the_staging_memory_is_reserved_once_the_first_batch_has_arrived(tmp_path, env, standins) -> None:
+    """Pinning a save's host memory at the run's start held up the data pipeline's own pinning and so its
+    first batch (11 s for n1.6-3b on an H200): the reservation starts after that batch, once per run."""
+    from gr00t_train import Trainer
+
+    cfg = standins.small_config(tmp_path, steps=3, checkpoint__every=2)
+    trainer = Trainer(cfg, standins.make_parts(), env)
+    events = []
+    next_step, pool = trainer.data.next_step, trainer.checkpoint.staging.pool
+    reserve = pool.reserve_in_background
+
+    def logged_next_step(*args, **kwargs):
+        batch = next_step(*args, **kwargs)
+        events.append("batch")
+        return batch
+
+    def logged_reserve(sizes):
+        events.append("reserve")
+        reserve(sizes)
+
+    trainer.data.next_step, pool.reserve_in_background = logged_next_step, logged_reserve
+    trainer.fit()
+    assert events == ["batch", "reserve", "batch", "batch"]
