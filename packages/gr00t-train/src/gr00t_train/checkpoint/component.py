@@ -74,7 +74,7 @@ class CheckpointComponent:
         """Host copies of a save's state, into a pool reused by every save (`checkpoint.staging`)."""
         self.saves.update_wait_s = self.staging.update_wait_s  # one list: the staging appends to it
         self._update_hook = None
-        self._reserved = False  # the staging memory asked for this run (reserve_staging)
+        self._reserved = True  # whether reserve_staging has nothing left to do: until a run starts, nothing
 
     def start(self, run_id: str | None) -> None:
         """A run starts: checkpoints are written as `run_id`'s; its interrupted saves are removed; the
