@@ -83,6 +83,8 @@ class HostPool:
         """Seconds `take` spent allocating since the last `rewind` (pinning is slow: part of a save's stall)."""
         self.join_s = 0.0
         """Seconds the last `rewind` waited for the reservation still running in the background."""
+        self.reserve_s: float | None = None
+        """Seconds the last background reservation took (None before one has ended)."""
 
     @property
     def capacity(self) -> int:
@@ -118,8 +120,12 @@ class HostPool:
         self.join()
 
         def run() -> None:
+            started = time.perf_counter()
             try:
                 self.reserve_for(sizes)
+                self.reserve_s = time.perf_counter() - started
+                log.info("checkpoint staging: %.1f GB of %s host memory reserved in %.1f s (in the background)",
+                         self.capacity / 1e9, "pinned" if self.pinned else "pageable", self.reserve_s)  # fmt: skip
             except Exception as err:  # noqa: BLE001 - the first save allocates what is missing instead
                 log.warning(
                     "could not reserve %.1f GB of host memory for checkpoints: %s", sum(sizes) / 1e9, err
