@@ -147,7 +147,8 @@ def main() -> None:
     flush_s = time.perf_counter() - flushed
     # the job's checkpoint settings (so the warm start reserves the same staging memory), with no save in its
     # few steps and no final one
-    warm_sets = [*job, "checkpoint.save_final=false", "eval.every=0"]
+    warm_sets = [f"checkpoint.every={args.every}", "checkpoint.keep_last=1", "checkpoint.save_final=false",
+                 "eval.every=0"]  # fmt: skip
     warm, _ = _train(args, "warm", args.warm_steps, caches, warm_sets, args.sample_warm)
     steps_s = _steps_seconds(args.out / "job")
     stalls = list(summary.get("checkpoint_stall_s") or [])
