@@ -162,12 +162,12 @@ class Trainer:
             timer.begin_step()
             lr = self.model.set_lr(step)
             microbatches = self.data.next_step(timer)  # timed as data_wait
-            self.checkpoint.reserve_staging()  # once, after the first batch: see its docstring
             started = time.perf_counter()
             try:
                 loss, grad_norm = self.train_step(microbatches)
                 if self.first_step_s is None:
                     self._first_step_done(started)
+                    self.checkpoint.reserve_staging()  # once compiled and captured: see its docstring
             except torch.cuda.OutOfMemoryError as err:
                 raise BatchTooLargeError(
                     step + 1, cfg.data.batch_size, cfg.optim.grad_accum, str(self.env.device), str(err)

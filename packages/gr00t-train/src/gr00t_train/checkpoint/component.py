@@ -208,9 +208,10 @@ class CheckpointComponent:
 
     def reserve_staging(self) -> None:
         """Reserve the host memory of a save's copies in the background, once per run; the loop calls it when
-        its first batch has arrived. Pinning 22 GB (n1.6-3b) takes the CUDA driver for about 11 s, and from
-        the run's start it held up the data pipeline's own pinning and first copies: the first batch came that
-        much later (H200, 2026-12-04). From here it overlaps the first step's compilation."""
+        its first step has ended. Pinning 22 GB (n1.6-3b) holds the CUDA driver for about 11 s: from the run's
+        start it held up the data pipeline's first batch by that much, and beside the first step it made graph
+        capture 15 s slower (H200, 2026-12-04). After it, the reservation runs beside steps that only replay
+        graphs, and the first save waits for whatever is left of it."""
         if self._reserved:
             return
         self._reserved = True
