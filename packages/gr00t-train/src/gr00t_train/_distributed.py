@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import socket
 import warnings
 from dataclasses import dataclass
 
@@ -83,9 +82,8 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
         elif world_size == 1:
-            dist.init_process_group(
-                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-            )
+            # an in-memory store: no port to choose, so no race with another process taking it first
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
             raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set: launch with torchrun")
         owns = True
@@ -137,9 +135,3 @@ def shutdown_distributed(env: DistEnv, peer_lost: bool = False) -> None:
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -215,8 +215,11 @@ class CheckpointComponent:
         if self._reserved:
             return
         self._reserved = True
-        if self.env.is_main and (self.cfg.checkpoint.every > 0 or self.cfg.checkpoint.save_final):
-            self.staging.pool.reserve_in_background(self._expected_sizes())
+        if self.cfg.checkpoint.every > 0 or self.cfg.checkpoint.save_final:
+            # sized on every rank: the model's state_dict waits for ZeRO-1's parameter gather, a collective
+            sizes = self._expected_sizes()
+            if self.env.is_main:
+                self.staging.pool.reserve_in_background(sizes)
 
     def _expected_sizes(self) -> list[int] | int:
         """What a save stages, in order, for the pool's reservation: the random and data state, the optimizer
