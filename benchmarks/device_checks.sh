@@ -133,7 +133,7 @@ if [ "$what" = startup ]; then
     --set checkpoint.save_final=false --out /tmp/startup_probe --json "$out/startup_probe_h200_$day.json" \
     ${SAMPLE:+--sample-warm "$out/startup_warm_samples_h200_$day.txt"} \
     ${SAMPLE:+--sample-cold "$out/startup_cold_samples_h200_$day.txt"} > "$out/startup.log" 2>&1 || status=1
-  grep -E "start-up|model phase|compile caches|job " "$out/startup.log"
+  grep -E "start-up|model phase|compile caches|compile timers|job " "$out/startup.log"
   cp /tmp/startup_probe/job.stderr.log "$out/startup_cold.stderr.log" 2>/dev/null
   cp /tmp/startup_probe/warm.stderr.log "$out/startup_warm.stderr.log" 2>/dev/null
 fi

@@ -74,7 +74,7 @@ def _train(
     summary.json, its wall seconds)."""
     out = args.out / name
     sampler = [str(Path(__file__).with_name("stack_sampler.py")), "--out", str(sample),
-               "--folded", str(sample.with_suffix(".folded.gz"))] if sample else []  # fmt: skip
+               "--folded", str(sample.with_suffix(".folded.gz")), "--all-threads"] if sample else []  # fmt: skip
     argv = [sys.executable, *sampler, "-m", "gr00t_train", "train", "--overwrite"]
     for item in (f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"steps={steps}",
                  f"output_dir={out}", "logging.progress=false", *sets, *args.overrides):  # fmt: skip
@@ -181,6 +181,10 @@ def main() -> None:
         # torch.compile's FX graph and AOTAutograd caches: hits, misses and bypasses (warm: all hits)
         "startup_compile_caches": summary.get("startup_compile_caches"),
         "startup_compile_caches_warm": warm.get("startup_compile_caches"),
+        # torch.compile's own timers (tracing, AOTAutograd, Inductor's lowering, the wait for its kernel
+        # compiles; nested, so they overlap), cold and warm
+        "startup_compile_parts": summary.get("startup_compile_parts"),
+        "startup_compile_parts_warm": warm.get("startup_compile_parts"),
         "steps_s": steps_s,
         "checkpoint_stall_s": stalls,
         # each stall by part (they add up to it), the staging's own parts beside them (pool wait and growth,
@@ -215,6 +219,13 @@ def main() -> None:
     ):
         if caches:
             print(f"compile caches {name}: " + ", ".join(f"{key} {value}" for key, value in caches.items()))
+    for name, timers in (
+        ("cold", result["startup_compile_parts"]),
+        ("warm", result["startup_compile_parts_warm"]),
+    ):
+        if timers:
+            top = list(timers.items())[:12]
+            print(f"compile timers {name}: " + ", ".join(f"{key} {value:.1f} s" for key, value in top))
     for name, parts in (
         ("cold", result["startup_model_parts"]),
         ("warm", result["startup_model_parts_warm"]),

@@ -74,3 +74,42 @@ def test_compile_cache_counts_read_torch_compile_counters() -> None:
         for group, values in saved.items():
             counters[group].clear()
             counters[group].update(values)
+
+
+def test_compile_time_parts_are_torch_compiles_own_timers_largest_first() -> None:
+    import torch
+    import torch._dynamo.utils as dynamo_utils
+    from gr00t_train.metrics.startup import compile_time_parts
+
+    saved = dict(dynamo_utils.cumulative_time_spent_ns)
+    try:
+        dynamo_utils.cumulative_time_spent_ns.clear()
+        assert compile_time_parts() == {}  # nothing compiled: no report
+        compiled = torch.compile(lambda x: torch.sin(x) + 1, backend="eager")
+        compiled(torch.ones(3))
+        parts = compile_time_parts()
+        assert parts["entire_frame_compile"] > 0  # Dynamo's frame compile, timed by torch itself
+        assert parts["total_wall_time"] == parts["entire_frame_compile"]  # no backward graph compiled
+        assert list(parts.values()) == sorted(parts.values(), reverse=True)
+        dynamo_utils.cumulative_time_spent_ns["made_up_timer"] = 10**12  # 1,000 s
+        assert next(iter(compile_time_parts().items())) == ("made_up_timer", 1000.0)
+    finally:
+        dynamo_utils.cumulative_time_spent_ns.clear()
+        dynamo_utils.cumulative_time_spent_ns.update(saved)
+        torch._dynamo.reset()
+
+
+def test_compile_workers_start_only_where_the_run_compiles(monkeypatch) -> None:
+    import dataclasses
+
+    import torch._inductor.async_compile as async_compile
+    from gr00t_train._backends import start_compile_workers
+    from gr00t_train.config.sections import TrainConfig
+
+    calls = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: calls.append("warm"))
+    cfg = TrainConfig()
+    for setting, started in (("off", False), ("auto", False), ("on", True)):  # resolved: on or off
+        opts = dataclasses.replace(cfg.optimizations, compile=setting)
+        assert start_compile_workers(dataclasses.replace(cfg, optimizations=opts)) is started
+    assert calls == ["warm"]

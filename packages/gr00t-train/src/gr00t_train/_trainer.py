@@ -271,6 +271,7 @@ class Trainer:
             "startup_s": self.startup_s,
             "startup_phases": startup_clock.ordered() if self.startup_s is not None else None,
             "startup_compile_caches": startup_clock.compile_caches if self.startup_s is not None else None,
+            "startup_compile_parts": startup_clock.compile_parts if self.startup_s is not None else None,
             "capture_s": report.capture_seconds,
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,

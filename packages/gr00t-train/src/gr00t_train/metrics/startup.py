@@ -7,7 +7,8 @@ step splits into compilation (torch.compile's own count of its frame and backwar
 (vla_graph's report) and the rest of the step. One INFO line and summary.json's `startup_phases` give the
 result, one INFO line per split phase and `startup_model_parts` its parts, so a measurement shows where
 start-up goes without a profiler. `startup_compile_caches` says whether compilation read torch.compile's
-caches: a second run on the same caches should have hits only (a miss or bypass compiles that graph again).
+caches: a second run on the same caches should have hits only (a miss or bypass compiles that graph again);
+`startup_compile_parts` gives torch.compile's own timers (where its compilation went).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ PHASES = ("imports", "process_group", "model", "data", "optimizer", "before_firs
 staged update), to the first step (a resume's load), then the first step's compilation, graph capture and
 the rest of it."""
 
-MODEL_PARTS = ("run_folder", "data_plan", "imports", "start_facts", "tokenizer", "device", "weights",
-               "adapters", "frozen_prefix", "device_sync")  # fmt: skip
-"""The model phase's parts, in order (those that ran): the run folder claimed, the dataset's metadata planned,
-the Python modules the model needs imported (the Triton attention op), the start-up warnings (start_facts), the tokenizer, the device's context created (CUDA), the
-weights made (random init or the checkpoint's load, with the training policy's dtypes), LoRA adapters, the
-frozen prefix prepared, and the device's queued work waited for (CUDA); then "other", the rest of the phase."""
+MODEL_PARTS = ("run_folder", "compile_workers", "data_plan", "imports", "start_facts", "tokenizer", "device",
+               "weights", "adapters", "frozen_prefix", "device_sync")  # fmt: skip
+"""The model phase's parts, in order (those that ran): the run folder claimed, torch.compile's workers
+started (where the run compiles), the dataset's metadata planned, the Python modules the model needs imported
+(the Triton attention op), the start-up warnings (start_facts), the tokenizer, the device's context created
+(CUDA), the weights made (random init or the checkpoint's load, with the training policy's dtypes), LoRA
+adapters, the frozen prefix prepared, and the device's queued work waited for (CUDA); then "other", the rest
+of the phase."""
 
 
 class StartupClock:
@@ -41,13 +44,14 @@ class StartupClock:
         self.phases: dict[str, float] = {}
         self.parts: dict[str, dict[str, float]] = {}
         self.compile_caches: dict[str, int] = {}  # compile_cache_counts() at the end of the first step
+        self.compile_parts: dict[str, float] = {}  # compile_time_parts() then
         self._last: float | None = None  # when the previous phase ended (None: not running)
         self._last_part = 0.0  # when the previous part (or phase) ended
         self._pending: dict[str, float] = {}  # parts of the phase in progress
 
     def start(self, now: float) -> None:
         """The run begins at perf_counter() `now`; the time before it (since the process started) is imports."""
-        self.phases, self.parts, self._pending, self.compile_caches = {}, {}, {}, {}
+        self.phases, self.parts, self._pending, self.compile_caches, self.compile_parts = {}, {}, {}, {}, {}
         self._last = self._last_part = now
         before = seconds_since_process_start()
         if before is not None:
@@ -99,6 +103,9 @@ class StartupClock:
             log.info(
                 "start-up, compile caches: %s", ", ".join(f"{k} {v}" for k, v in self.compile_caches.items())
             )
+        self.compile_parts = compile_time_parts()
+        if self.compile_parts:
+            log.info("start-up, compilation's timers: %s", _line(dict(list(self.compile_parts.items())[:12])))
 
     def ordered(self) -> dict[str, float]:
         return {name: round(self.phases[name], 3) for name in PHASES if name in self.phases}
@@ -114,6 +121,19 @@ def compile_seconds() -> float:
         return 0.0
     spent = getattr(sys.modules["torch._dynamo"].utils, "calculate_time_spent", None)
     return float(spent().get("total_wall_time", 0.0)) if spent is not None else 0.0
+
+
+def compile_time_parts() -> dict[str, float]:
+    """torch.compile's own timers so far in this process (seconds by name, largest first; nested timers
+    overlap, so they do not add up): where compilation went (tracing, AOTAutograd, Inductor's lowering and
+    code generation, the wait for its kernel compiles). {} without torch.compile."""
+    if "torch._dynamo" not in sys.modules:
+        return {}
+    spent = getattr(sys.modules["torch._dynamo"].utils, "calculate_time_spent", None)
+    timers = spent() if spent is not None else {}
+    return {
+        name: round(float(s), 3) for name, s in sorted(timers.items(), key=lambda kv: -kv[1]) if s >= 0.0005
+    }
 
 
 CACHE_COUNTERS = {  # name: (torch._dynamo.utils.counters group, key)
