@@ -98,18 +98,3 @@ def test_compile_time_parts_are_torch_compiles_own_timers_largest_first() -> Non
         dynamo_utils.cumulative_time_spent_ns.update(saved)
         torch._dynamo.reset()
 
-
-def test_compile_workers_start_only_where_the_run_compiles(monkeypatch) -> None:
-    import dataclasses
-
-    import torch._inductor.async_compile as async_compile
-    from gr00t_train._backends import start_compile_workers
-    from gr00t_train.config.sections import TrainConfig
-
-    calls = []
-    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: calls.append("warm"))
-    cfg = TrainConfig()
-    for setting, started in (("off", False), ("auto", False), ("on", True)):  # resolved: on or off
-        opts = dataclasses.replace(cfg.optimizations, compile=setting)
-        assert start_compile_workers(dataclasses.replace(cfg, optimizations=opts)) is started
-    assert calls == ["warm"]

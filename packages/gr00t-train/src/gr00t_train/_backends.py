@@ -60,23 +60,6 @@ def _nothing() -> None:
     pass
 
 
-def start_compile_workers(cfg: TrainConfig) -> bool:
-    """Where the run compiles its blocks (`optimizations.compile` resolved on), start torch.compile's kernel
-    compile workers now instead of at the first compile. Inductor hands a graph's kernels to its worker pool
-    only once the pool answers (it checks without waiting), so the graphs compiled while the workers still
-    import torch (seconds) compile their kernels one at a time in this process. Started at the run's start,
-    the workers come up beside the model's build. torch's own conditions hold (TORCH_WARM_POOL=0 or one
-    compile thread: no pool). Returns whether they were asked for."""
-    if cfg.optimizations.compile != "on":
-        return False
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool
-    except ImportError:  # a torch without Inductor's worker pool
-        return False
-    maybe_warm_pool()
-    return True
-
-
 def _read() -> dict[str, bool]:
     return {
         "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,

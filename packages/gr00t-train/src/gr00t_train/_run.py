@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ._backends import request_zero_gemm_workspace, start_compile_workers
+from ._backends import request_zero_gemm_workspace
 from ._distributed import DistEnv, init_distributed, shutdown_distributed
 from ._errors import DataError, PeerLostError, TrainingInterrupted
 from ._peers import Lost, PeerWatch, looks_like_lost_peer, one_line, store_endpoint
@@ -66,8 +66,6 @@ def run_training(cfg: TrainConfig) -> RunSummary | None:
         run = claim_run(cfg, env)
         progress.claimed, progress.run_id, progress.resumed_from = True, run.run_id, run.resume_from
         startup_clock.part("run_folder")  # the model phase's first part (metrics.startup.MODEL_PARTS)
-        if start_compile_workers(cfg):  # up by the first compile, beside the model's build
-            startup_clock.part("compile_workers")
         try:
             parts = build_parts(cfg, env)
             startup_clock.mark("data")  # build_parts marks the model's end

@@ -27,14 +27,13 @@ PHASES = ("imports", "process_group", "model", "data", "optimizer", "before_firs
 staged update), to the first step (a resume's load), then the first step's compilation, graph capture and
 the rest of it."""
 
-MODEL_PARTS = ("run_folder", "compile_workers", "data_plan", "imports", "start_facts", "tokenizer", "device",
-               "weights", "adapters", "frozen_prefix", "device_sync")  # fmt: skip
-"""The model phase's parts, in order (those that ran): the run folder claimed, torch.compile's workers
-started (where the run compiles), the dataset's metadata planned, the Python modules the model needs imported
-(the Triton attention op), the start-up warnings (start_facts), the tokenizer, the device's context created
-(CUDA), the weights made (random init or the checkpoint's load, with the training policy's dtypes), LoRA
-adapters, the frozen prefix prepared, and the device's queued work waited for (CUDA); then "other", the rest
-of the phase."""
+MODEL_PARTS = ("run_folder", "data_plan", "imports", "start_facts", "tokenizer", "device", "weights",
+               "adapters", "frozen_prefix", "device_sync")  # fmt: skip
+"""The model phase's parts, in order (those that ran): the run folder claimed, the dataset's metadata
+planned, the Python modules the model needs imported (the Triton attention op), the start-up warnings
+(start_facts), the tokenizer, the device's context created (CUDA), the weights made (random init or the
+checkpoint's load, with the training policy's dtypes), LoRA adapters, the frozen prefix prepared, and the
+device's queued work waited for (CUDA); then "other", the rest of the phase."""
 
 
 class StartupClock:
