@@ -9,8 +9,9 @@ sees time spent in C (CUDA context creation, a cuBLAS handle, a file read) under
 it. The report lists functions by inclusive share (the samples whose stack holds them) and by self share
 (the innermost frame), each as `seconds  share  file:line function`; `--folded` also writes every sampled
 stack, outermost first, as gzipped `frame;frame;...;frame count` lines (the flame-graph tools' input), for
-finding who called what. `--all-threads` samples the other threads running Python too (the autograd engine's
-thread, where torch.compile compiles the backward graphs; the checkpoint writer) and lists them apart."""
+finding who called what. Only the main thread is read, and its frame is let go at once: holding another
+thread's frames keeps their locals alive, so autograd's engine thread copied a gradient it would have taken
+and the CUDA graph check stopped a sampled run (H200, 2026-12-04)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,8 @@ from pathlib import Path
 class StackSampler:
     """Samples one thread's stack every `interval` seconds on a daemon thread, until `stop()`."""
 
-    def __init__(self, thread_id: int, interval: float, all_threads: bool = False) -> None:
-        self.thread_id, self.interval, self.all_threads = thread_id, interval, all_threads
-        self.others: collections.Counter[str] = collections.Counter()  # other threads' innermost frames
+    def __init__(self, thread_id: int, interval: float) -> None:
+        self.thread_id, self.interval = thread_id, interval
         self.inclusive: collections.Counter[str] = collections.Counter()
         self.innermost: collections.Counter[str] = collections.Counter()
         self.stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
@@ -50,30 +50,18 @@ class StackSampler:
 
     def _run(self) -> None:
         while not self._done.wait(self.interval):
-            frames = sys._current_frames()
-            frame = frames.get(self.thread_id)
+            frame = sys._current_frames().get(self.thread_id)
             if frame is None:
                 continue
             self.samples += 1
-            stack = _stack(frame)
-            self.stacks[stack] += 1
-            self.innermost[stack[-1]] += 1
+            stack = []
+            while frame is not None:
+                stack.append(_where(frame))
+                frame = frame.f_back
+            self.stacks[tuple(reversed(stack))] += 1
+            self.innermost[stack[0]] += 1
             for key in set(stack):  # a recursive function counts once per sample
                 self.inclusive[key] += 1
-            if self.all_threads:
-                self._sample_others(frames)
-
-    def _sample_others(self, frames: dict) -> None:
-        """Every other thread running Python (the autograd engine's thread compiles the backward graphs;
-        worker threads copy, pin and write), each stack under a root naming its thread."""
-        names = {t.ident: t.name for t in threading.enumerate()}
-        for ident, frame in frames.items():
-            if ident in (self.thread_id, self._thread.ident):
-                continue
-            root = f"[thread {names.get(ident, ident)}]"
-            stack = (root, *_stack(frame))
-            self.stacks[stack] += 1
-            self.others[f"{root} {stack[-1]}"] += 1
 
     def report(self, seconds: float, top: int) -> str:
         per_sample = seconds / max(1, self.samples)
@@ -82,25 +70,12 @@ class StackSampler:
             lines.append(f"\n# {title}: seconds, share, where")
             for key, count in counts.most_common(top):
                 lines.append(f"{count * per_sample:8.2f} {count / max(1, self.samples):6.1%}  {key}")
-        if self.others:
-            lines.append("\n# other threads, innermost frame: seconds, share of the run, thread and where")
-            for key, count in self.others.most_common(top):
-                lines.append(f"{count * per_sample:8.2f} {count / max(1, self.samples):6.1%}  {key}")
         return "\n".join(lines) + "\n"
 
     def write_folded(self, path: Path) -> None:
         with gzip.open(path, "wt") as f:
             for stack, count in self.stacks.most_common():
                 f.write(";".join(stack) + f" {count}\n")
-
-
-def _stack(frame) -> tuple[str, ...]:
-    """A frame's stack, outermost first."""
-    stack = []
-    while frame is not None:
-        stack.append(_where(frame))
-        frame = frame.f_back
-    return tuple(reversed(stack))
 
 
 def _where(frame) -> str:
@@ -115,15 +90,12 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=0.005, help="seconds between samples")
     p.add_argument("--top", type=int, default=80, help="functions listed per table")
     p.add_argument("--folded", type=Path, help="also every sampled stack here (gzipped folded lines)")
-    p.add_argument("--all-threads", action="store_true",
-                   help="also sample every other thread running Python (listed apart; in --folded under a root "
-                   "naming the thread)")  # fmt: skip
     p.add_argument("-m", dest="module", required=True, help="the module to run, as python -m runs it")
     args, rest = p.parse_known_args()
     sys.argv = [args.module, *rest]
     if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
         sys.path.pop(0)  # as `python -m` runs it: this folder's scripts are not importable modules
-    sampler = StackSampler(threading.main_thread().ident, args.interval, args.all_threads).start()
+    sampler = StackSampler(threading.main_thread().ident, args.interval).start()
     code = 0
     try:
         runpy.run_module(args.module, run_name="__main__", alter_sys=True)

@@ -74,7 +74,7 @@ def _train(
     summary.json, its wall seconds)."""
     out = args.out / name
     sampler = [str(Path(__file__).with_name("stack_sampler.py")), "--out", str(sample),
-               "--folded", str(sample.with_suffix(".folded.gz")), "--all-threads"] if sample else []  # fmt: skip
+               "--folded", str(sample.with_suffix(".folded.gz"))] if sample else []  # fmt: skip
     argv = [sys.executable, *sampler, "-m", "gr00t_train", "train", "--overwrite"]
     for item in (f"data.dataset={args.dataset}", f"data.cameras={args.cameras}", f"steps={steps}",
                  f"output_dir={out}", "logging.progress=false", *sets, *args.overrides):  # fmt: skip
