@@ -256,6 +256,8 @@ class Trainer:
         if self.started_at is not None:
             self.startup_s = now - self.started_at
             startup_clock.first_step(self.first_step_s, self.model.graphed_step.report.capture_seconds)
+        if self.env.is_main and self.model.compile_cache is not None:
+            self.model.compile_cache.save()  # after the clock: its write is no part of start-up
 
     # --------------------------------------------------------------------------------------- report
     def run_facts(self) -> dict[str, Any]:
@@ -275,6 +277,7 @@ class Trainer:
             "capture_s": report.capture_seconds,
             "graph_backend": report.backend,
             "compiled_blocks": self.model.compiled_blocks,
+            "compile_cache": cache.facts() if (cache := self.model.compile_cache) is not None else None,
             "peak_memory_gib": peak,
             **self.parts.facts,
         }

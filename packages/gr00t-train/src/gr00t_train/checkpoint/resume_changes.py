@@ -23,7 +23,8 @@ HARMLESS = (
     "data.dataset",  # the path: the dataset itself is compared by its fingerprint
     "data.num_workers", "data.prefetch", "data.worker_timeout_s", "data.max_bad_fraction",
     "data.decode_device", "data.augment_backend", "data.prefix_cache.dir", "data.prefix_cache.build_batch_size",
-    "optimizations.data", "optimizations.graph", "optimizations.compile", "optimizations.fused_optimizer",
+    "optimizations.data", "optimizations.graph", "optimizations.compile", "optimizations.compile_cache",
+    "optimizations.fused_optimizer",
     "optimizations.cudnn_benchmark", "optimizations.gemm_workspace", "optimizations.bucket_mib",
     "optimizations.graph_warmup", "optimizations.flat_optimizer", "optimizations.triton_attention",
     "optimizations.weight_grads_in_place", "optimizations.grouped_embodiment_gemms",

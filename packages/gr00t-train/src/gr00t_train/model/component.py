@@ -24,6 +24,7 @@ from .._parts import Batch, TrainParts
 from .._schedule import CosineSchedule
 from ..config.sections import TrainConfig
 from ..metrics.timing import StepTimer
+from .compile_cache import CompileCache
 
 log = logging.getLogger(__name__)
 Phase = Callable[[str], AbstractContextManager]
@@ -44,7 +45,9 @@ class ModelComponent:
         """`microbatch_step(batch)` runs forward, loss and backward of one microbatch and returns its loss;
         `phase` is the step timer's: the explicit gradient sync is timed with it as `comm`."""
         self.cfg, self.env = cfg, env
-        self.compiled_blocks = _maybe_compile(cfg, parts, env)
+        self.compile_cache: CompileCache | None = None
+        """optimizations.compile_cache, where the run compiles: loaded before the blocks compile."""
+        self.compiled_blocks = _maybe_compile(cfg, parts, env, self)
         self.plan: SyncPlan = plan_grad_sync(parts.model, cfg, env)
         self.rows_touched, self._row_key = _track_rows(cfg, parts, env, self.plan.optimizer)
         """Which rows of TrainParts.row_tables a batch has touched (the optimizer skips the others), or None."""
@@ -163,8 +166,9 @@ def _stage_update(cfg: TrainConfig, parts: TrainParts, optimizer, updates) -> li
     ]
 
 
-def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv) -> int:
-    """torch.compile the model's repeated blocks when optimizations.compile says so; returns how many."""
+def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv, component: ModelComponent) -> int:
+    """torch.compile the model's repeated blocks when optimizations.compile says so (after loading
+    optimizations.compile_cache into component.compile_cache); returns how many."""
     mode = cfg.optimizations.compile
     if mode == "off" or (mode == "auto" and env.device.type != "cuda"):
         return 0
@@ -172,6 +176,8 @@ def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv) -> int:
         if mode == "on":
             raise ConfigError("optimizations.compile", "this model offers no blocks to compile")
         return 0
+    if cfg.optimizations.compile_cache:
+        component.compile_cache = CompileCache.open(cfg.optimizations.compile_cache)
     count = parts.compile_model()
     log.info("compiling %d repeated blocks with torch.compile (on the first step)", count)
     return count

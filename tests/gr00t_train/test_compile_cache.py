@@ -1,0 +1,104 @@
+"""`optimizations.compile_cache`: torch.compile's cache artifacts in one file. A run writes it once its first
+step has compiled and a run on empty local caches loads it and compiles nothing it holds; a damaged file is
+named and skipped; the trainer loads it before the blocks compile and saves it from the main rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+from gr00t_train import Trainer
+from gr00t_train.model.compile_cache import CompileCache
+
+
+def _scaled_sine(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x) * 2 + 1
+
+
+def _fx_graph_counts() -> tuple[int, int]:
+    counters = torch._dynamo.utils.counters["inductor"]
+    return counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"]
+
+
+def test_a_written_file_makes_empty_caches_hit(tmp_path) -> None:
+    from torch._inductor.utils import fresh_cache
+
+    path = tmp_path / "compile" / "cache.bin"
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        with fresh_cache():  # empty Inductor and Triton caches, as on a fresh host
+            cache = CompileCache.open(path)
+            assert cache.loaded_bytes == 0 and not path.exists()
+            torch.compile(_scaled_sine)(torch.ones(8))
+            assert _fx_graph_counts() == (0, 1)
+            cache.save()
+            assert path.is_file() and cache.saved_bytes == path.stat().st_size > 0
+            assert [p.name for p in path.parent.iterdir()] == ["cache.bin"]  # no partial file left
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        with fresh_cache():  # another fresh host, with the file
+            cache = CompileCache.open(path)
+            assert cache.loaded_bytes == path.stat().st_size
+            x = torch.linspace(-1, 1, 8)
+            assert torch.equal(torch.compile(_scaled_sine)(x), _scaled_sine(x))
+            assert _fx_graph_counts() == (1, 0)  # the compiled graph came from the file
+            cache.save()  # loaded: nothing to write
+            assert cache.saved_bytes == 0
+    finally:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+
+
+def test_a_damaged_file_is_named_and_the_run_compiles_without_it(tmp_path, caplog) -> None:
+    path = tmp_path / "cache.bin"
+    path.write_bytes(b"not torch.compile artifacts")
+    with caplog.at_level(logging.WARNING, logger="gr00t_train.model.compile_cache"):
+        cache = CompileCache.open(path)
+    assert cache.loaded_bytes == 0
+    assert any(
+        str(path) in r.getMessage() and "could not be loaded" in r.getMessage() for r in caplog.records
+    )
+
+
+class _Artifacts:
+    """torch.compiler's two calls, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def load(self, data: bytes):
+        self.calls.append(f"load {data.decode()}")
+        return "loaded"
+
+    def save(self):
+        self.calls.append("save")
+        return b"compiled", None
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_the_trainer_loads_before_compiling_and_saves_after_the_first_step(
+    tmp_path, env, standins, monkeypatch, exists
+) -> None:
+    artifacts = _Artifacts()
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", artifacts.load)
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", artifacts.save)
+    path = tmp_path / "cache.bin"
+    if exists:
+        path.write_bytes(b"earlier")
+    cfg = standins.small_config(
+        tmp_path, steps=3, optimizations__compile="on", optimizations__compile_cache=str(path)
+    )
+    parts = dataclasses.replace(
+        standins.make_parts(), compile_model=lambda: artifacts.calls.append("compile") or 1
+    )
+    trainer = Trainer(cfg, parts, env)
+    assert artifacts.calls == (["load earlier", "compile"] if exists else ["compile"])
+    trainer.fit()
+    assert artifacts.calls[-1] == ("compile" if exists else "save")  # written once, from the main rank
+    assert path.read_bytes() == (b"earlier" if exists else b"compiled")
+    facts = json.loads((tmp_path / "run" / "summary.json").read_text())["compile_cache"]
+    assert facts == {"path": str(path), "loaded_bytes": 7 * exists, "saved_bytes": 0 if exists else 8}
