@@ -10,7 +10,9 @@ options as JSON, e.g. '{"use_static_cuda_launcher": false}'), runs one forward a
 Inductor's FX graph cache and AOTAutograd cache counters (hit / miss / bypass), the static Triton autotuners
 loaded from the cache, and the seconds of that first step. The second process should hit: misses 0, bypasses 0.
 Prints one line per process and the verdict (exit 1 when the second process misses); --json writes both
-reports. Measured on a CPU (tiny, 2026-12-03): the first process 17 FX graph misses and 12 AOTAutograd misses,
+reports. With --artifacts the second process starts on empty caches of its own, as on a fresh host, with the
+file of torch.compile cache artifacts the first one wrote (`optimizations.compile_cache`, gr00t-train's
+`CompileCache`). Measured on a CPU (tiny, 2026-12-03): the first process 17 FX graph misses and 12 AOTAutograd misses,
 the second 17 and 12 hits and its first step 8.7 s instead of minutes.
 """
 
@@ -40,6 +42,11 @@ def child(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     model = GR00TN16(config).to(device).train()
     options = json.loads(args.options) if args.options else {}
+    artifacts = None
+    if args.artifacts_file:
+        from gr00t_train.model.compile_cache import CompileCache
+
+        artifacts = CompileCache.open(args.artifacts_file)
     model.compile_blocks(**({"options": options} if options else {}))
     batch = make_dummy_batch(config, args.batch, num_images=1, device=device)
     start = time.perf_counter()
@@ -49,6 +56,12 @@ def child(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     report = {**dict.fromkeys(("fx_graph_hit", "aot_autograd_hit"), 0), **compile_cache_counts()}
+    if artifacts is not None:
+        artifacts.save()
+        report |= {
+            "artifacts_loaded_bytes": artifacts.loaded_bytes,
+            "artifacts_saved_bytes": artifacts.saved_bytes,
+        }
     report["static_autotuners_loaded"] = int(counters["inductor"]["triton_bundler_load_static_autotuner"])
     return {**report, "first_step_s": round(seconds, 2), "loss": float(loss), "bypass_reasons": reasons}
 
@@ -79,6 +92,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--options", default="", help="extra Inductor options as JSON")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--artifacts", action="store_true",
+                        help="the second process on empty caches of its own, with the first's artifact file")  # fmt: skip
+    parser.add_argument("--artifacts-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -93,8 +109,13 @@ def main() -> None:
         }
         command = [sys.executable, __file__, "--child", "--preset", args.preset, "--device", args.device]
         command += ["--batch", str(args.batch), "--options", args.options]
+        if args.artifacts:
+            command += ["--artifacts-file", str(cache / "compile_cache.bin")]
         reports = []
         for name in ("first", "second"):
+            if args.artifacts and name == "second":  # a fresh host: nothing but the file
+                env |= {"TORCHINDUCTOR_CACHE_DIR": str(cache / "fresh" / "inductor"),
+                        "TRITON_CACHE_DIR": str(cache / "fresh" / "triton")}  # fmt: skip
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"the {name} process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
