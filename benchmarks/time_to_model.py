@@ -2,7 +2,9 @@
 
 One process runs `gr00t-train train` on `--dataset` with every setting at its default (n1.6-3b, batch 16) for
 `--steps` steps, a checkpoint every `--every` steps and a validation every `--eval-every`, with fresh compile
-caches (cold); a second process repeats only the start-up with the caches the first one filled (warm). Both
+caches (cold); a second process repeats only the start-up with the caches the first one filled (warm). With
+`--fresh-host` the first process also writes `optimizations.compile_cache` and a third process starts on empty
+caches with that file, as a job on a fresh host or container would (`startup_fresh_s`). All
 read bytecode compiled beforehand (PYTHONPYCACHEPREFIX under --out, filled by compileall over sys.path), as a
 user's installed packages have it from pip (`--no-bytecode` leaves it to the cold run to write). The wall time
 of the job splits into start-up (process group, model, data, compilation and graph capture, to the end of the
@@ -41,6 +43,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("/tmp/time_to_model"))
     p.add_argument("--json", type=Path)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--fresh-host", action="store_true",
+                   help="also start a process on empty caches from the job's optimizations.compile_cache file")
     p.add_argument("--sample-warm", type=Path, metavar="TXT",
                    help="run the warm process under stack_sampler.py and write where its time went here "
                    "(and its stacks beside it, .folded.gz)")  # fmt: skip
@@ -139,6 +143,10 @@ def main() -> None:
     # GPU host's 64 GB scratch disk next to the dataset and caches
     job = [f"checkpoint.every={args.every}", f"eval.every={args.eval_every}", "checkpoint.keep_last=1"]
     bytecode_s = None if args.no_bytecode else precompile_bytecode(caches / "pycache")
+    compile_cache = args.out / "compile_cache.bin"
+    compile_cache.unlink(missing_ok=True)
+    if args.fresh_host:
+        job.append(f"optimizations.compile_cache={compile_cache}")
     summary, wall = _train(args, "job", args.steps, caches, job, args.sample_cold)
     # the job's saves leave gigabytes of dirty pages that the kernel writes back after it exits: the warm
     # start-up would read its caches and bytecode behind that write-back, so it is flushed first
@@ -150,6 +158,12 @@ def main() -> None:
     warm_sets = [f"checkpoint.every={args.every}", "checkpoint.keep_last=1", "checkpoint.save_final=false",
                  "eval.every=0"]  # fmt: skip
     warm, _ = _train(args, "warm", args.warm_steps, caches, warm_sets, args.sample_warm)
+    fresh = {}
+    if args.fresh_host:  # empty Inductor and Triton caches, the same installed bytecode, the job's file
+        fresh_caches = Path(tempfile.mkdtemp(prefix="fresh-caches-", dir=args.out))
+        (fresh_caches / "pycache").symlink_to(caches / "pycache")
+        sets = [*warm_sets, f"optimizations.compile_cache={compile_cache}"]
+        fresh, _ = _train(args, "fresh", args.warm_steps, fresh_caches, sets)
     steps_s = _steps_seconds(args.out / "job")
     stalls = list(summary.get("checkpoint_stall_s") or [])
     validation_s = float(summary.get("validation_s") or 0.0)
@@ -171,6 +185,11 @@ def main() -> None:
         "startup_s": startup,
         "startup_warm_s": float(warm["startup_s"]),
         "flush_before_warm_s": flush_s,
+        # --fresh-host: start-up on empty caches with the job's compile cache file, and what the file did
+        "startup_fresh_s": float(fresh["startup_s"]) if fresh else None,
+        "startup_phases_fresh": fresh.get("startup_phases"),
+        "startup_compile_caches_fresh": fresh.get("startup_compile_caches"),
+        "compile_cache": {"job": summary.get("compile_cache"), "fresh": fresh.get("compile_cache")},
         # where each start-up went (seconds per phase: imports, process group, model, data, optimizer,
         # compile, graph capture, first step), cold and warm
         "startup_phases": summary.get("startup_phases"),
@@ -210,12 +229,17 @@ def main() -> None:
     }
     result["projected_non_step_share"] = project_share(result, args)
     print(json.dumps(result, indent=2))
-    for name, phases in (("cold", result["startup_phases"]), ("warm", result["startup_phases_warm"])):
+    for name, phases in (
+        ("cold", result["startup_phases"]),
+        ("warm", result["startup_phases_warm"]),
+        ("fresh host, compile cache file", result["startup_phases_fresh"]),
+    ):
         if phases:
             print(f"start-up {name}: " + ", ".join(f"{key} {value:.1f} s" for key, value in phases.items()))
     for name, caches in (
         ("cold", result["startup_compile_caches"]),
         ("warm", result["startup_compile_caches_warm"]),
+        ("fresh host, compile cache file", result["startup_compile_caches_fresh"]),
     ):
         if caches:
             print(f"compile caches {name}: " + ", ".join(f"{key} {value}" for key, value in caches.items()))
@@ -245,6 +269,9 @@ def main() -> None:
         + ", ".join(f"{k} {v:.1f} s" for k, v in final.items())
         + f"; after summary.json {result['after_summary_s']:.1f} s"
     )
+    if fresh:
+        print(f"start-up on a fresh host with the compile cache file: {result['startup_fresh_s']:.1f} s "
+              f"({result['compile_cache']})")  # fmt: skip
     long = result["projected_non_step_share"]
     print(
         f"projected non-step share at {long['steps']} steps, a save every {long['every']}: {100 * long['share']:.1f}%"

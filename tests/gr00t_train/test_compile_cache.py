@@ -1,17 +1,30 @@
 """`optimizations.compile_cache`: torch.compile's cache artifacts in one file. A run writes it once its first
-step has compiled and a run on empty local caches loads it and compiles nothing it holds; a damaged file is
-named and skipped; the trainer loads it before the blocks compile and saves it from the main rank."""
+step has compiled and a run on empty local caches loads it and compiles nothing it holds, its multi-kernel
+picks included; a file of the artifacts alone still loads; a damaged file is named and skipped; the trainer
+loads it before the blocks compile and saves it from the main rank."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 from gr00t_train import Trainer
+from gr00t_train.model import compile_cache_files
 from gr00t_train.model.compile_cache import CompileCache
+
+
+@pytest.fixture(autouse=True)
+def _no_recording_left(monkeypatch):
+    """Opening a cache to write adds a Triton load hook, the process's; taken away after each test."""
+    monkeypatch.setattr(compile_cache_files, "_loaded_triton_folders", set())
+    yield
+    compile_cache_files.stop_recording()
 
 
 def _scaled_sine(x: torch.Tensor) -> torch.Tensor:
@@ -21,6 +34,13 @@ def _scaled_sine(x: torch.Tensor) -> torch.Tensor:
 def _fx_graph_counts() -> tuple[int, int]:
     counters = torch._dynamo.utils.counters["inductor"]
     return counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"]
+
+
+def _pick(key: str) -> Path:
+    """Where Inductor keeps a multi-kernel's pick (CPU compiles make none)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / key[1:3] / f"{key}.picked_kernel"
 
 
 def test_a_written_file_makes_empty_caches_hit(tmp_path) -> None:
@@ -35,19 +55,46 @@ def test_a_written_file_makes_empty_caches_hit(tmp_path) -> None:
             assert cache.loaded_bytes == 0 and not path.exists()
             torch.compile(_scaled_sine)(torch.ones(8))
             assert _fx_graph_counts() == (0, 1)
+            _pick("zabcdef").parent.mkdir(parents=True)
+            _pick("zabcdef").write_text("1")
             cache.save()
             assert path.is_file() and cache.saved_bytes == path.stat().st_size > 0
+            assert cache.files == {"picks": 1, "triton_kernels": 0}
             assert [p.name for p in path.parent.iterdir()] == ["cache.bin"]  # no partial file left
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         with fresh_cache():  # another fresh host, with the file
+            assert not _pick("zabcdef").exists()
             cache = CompileCache.open(path)
             assert cache.loaded_bytes == path.stat().st_size
+            assert cache.files == {"picks": 1, "triton_kernels": 0} and _pick("zabcdef").read_text() == "1"
             x = torch.linspace(-1, 1, 8)
             assert torch.equal(torch.compile(_scaled_sine)(x), _scaled_sine(x))
             assert _fx_graph_counts() == (1, 0)  # the compiled graph came from the file
             cache.save()  # loaded: nothing to write
             assert cache.saved_bytes == 0
+    finally:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+
+
+def test_a_file_of_the_artifacts_alone_still_loads(tmp_path) -> None:
+    from torch._inductor.utils import fresh_cache
+
+    path = tmp_path / "cache.bin"
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        with fresh_cache():
+            torch.compile(_scaled_sine)(torch.ones(8))
+            path.write_bytes(torch.compiler.save_cache_artifacts()[0])  # as the first version wrote it
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        with fresh_cache():
+            cache = CompileCache.open(path)
+            assert cache.loaded_bytes == path.stat().st_size
+            torch.compile(_scaled_sine)(torch.ones(8))
+            assert _fx_graph_counts() == (1, 0)
     finally:
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
@@ -84,6 +131,7 @@ def test_the_trainer_loads_before_compiling_and_saves_after_the_first_step(
     tmp_path, env, standins, monkeypatch, exists
 ) -> None:
     artifacts = _Artifacts()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # holds no picks
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", artifacts.load)
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", artifacts.save)
     path = tmp_path / "cache.bin"
@@ -99,6 +147,15 @@ def test_the_trainer_loads_before_compiling_and_saves_after_the_first_step(
     assert artifacts.calls == (["load earlier", "compile"] if exists else ["compile"])
     trainer.fit()
     assert artifacts.calls[-1] == ("compile" if exists else "save")  # written once, from the main rank
-    assert path.read_bytes() == (b"earlier" if exists else b"compiled")
+    if exists:
+        assert path.read_bytes() == b"earlier"
+    else:
+        with zipfile.ZipFile(io.BytesIO(path.read_bytes())) as archive:
+            assert archive.namelist() == ["torch.bin"] and archive.read("torch.bin") == b"compiled"
     facts = json.loads((tmp_path / "run" / "summary.json").read_text())["compile_cache"]
-    assert facts == {"path": str(path), "loaded_bytes": 7 * exists, "saved_bytes": 0 if exists else 8}
+    assert facts == {
+        "path": str(path),
+        "loaded_bytes": 7 * exists,
+        "saved_bytes": 0 if exists else path.stat().st_size,
+        "files": {"picks": 0, "triton_kernels": 0},
+    }

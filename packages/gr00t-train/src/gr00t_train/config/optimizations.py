@@ -64,10 +64,11 @@ class OptimizationsConfig(Section):
     """torch.compile every repeated block of the model (vision, LLM and DiT blocks; each block type compiles
     once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
     compile_cache: str = ""
-    """A file of torch.compile's cache artifacts (compiled graphs, Triton kernels, autotuning results), for
-    hosts whose local caches start empty (a fresh cloud host or container). Loaded before the first compile
-    when it exists; otherwise written by the main rank once the first step has compiled. Entries hold only for
-    the same torch, Triton, GPU and compiled graphs; the rest compiles as without it. Empty: not used."""
+    """A file of torch.compile's cache artifacts (compiled graphs, Triton kernels, autotuning results) with
+    Inductor's multi-kernel picks and our own Triton kernels, for hosts whose local caches start empty (a
+    fresh cloud host or container). Loaded before the first compile when it exists; otherwise written by the
+    main rank once the first step has compiled. Entries hold only for the same torch, Triton, GPU and compiled
+    graphs; the rest compiles as without it. Empty: not used."""
     bf16_weights: Switch = "auto"
     """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
     the optimizer, which writes the bf16 copy; gradients accumulate in fp32 (where nothing accumulates, at one

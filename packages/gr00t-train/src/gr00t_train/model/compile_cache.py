@@ -3,19 +3,26 @@
 torch.compile keeps what it compiled (FX graphs, AOTAutograd entries, Triton kernels, autotuning results) in
 caches under /tmp, which a fresh cloud host or container does not have: every run there starts cold. torch's
 cache artifacts (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`) carry those entries in one
-blob. A run with the setting loads the file before its first compile when it exists, and otherwise writes it
-once its first step has compiled. Entries hold only where torch, Triton, the GPU and the compiled graphs are
-the same; anything else compiles as it would have."""
+blob; `compile_cache_files` adds what they leave out (Inductor's multi-kernel picks, our own Triton kernels).
+The file is a zip of `torch.bin` (the artifacts) and those files; a file of the artifacts alone (as written
+before) loads too. A run with the setting loads the file before its first compile when it exists, and
+otherwise writes it once its first step has compiled. Entries hold only where torch, Triton, the GPU and the
+compiled graphs are the same; anything else compiles as it would have."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from . import compile_cache_files
+
+ARTIFACTS = "torch.bin"
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +35,9 @@ class CompileCache:
     """Size of the file loaded before compiling (0: none loaded)."""
     saved_bytes: int = 0
     """Size of the file this run wrote (0: none written)."""
+    files: dict[str, int] = field(default_factory=dict)
+    """Multi-kernel picks and Triton kernels the file carried that this host lacked (loaded), or that this run
+    wrote into it (saved)."""
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> CompileCache:
@@ -38,8 +48,9 @@ class CompileCache:
             log.info(
                 "compile cache %s does not exist yet: written once the first step has compiled", cache.path
             )
+            compile_cache_files.record_triton_kernel_loads()
             return cache
-        data = cache.path.read_bytes()
+        data, extra = _read(cache.path)
         try:  # torch logs a damaged blob and returns None; other torch versions may raise
             info = torch.compiler.load_cache_artifacts(data)
         except Exception as err:
@@ -48,9 +59,17 @@ class CompileCache:
             why = ""
         if info is None:
             log.warning("compile cache %s could not be loaded%s: compiling without it", cache.path, why)
+            compile_cache_files.record_triton_kernel_loads()
             return cache
-        cache.loaded_bytes = len(data)
-        log.info("compile cache %s loaded (%.1f MB; %s)", cache.path, len(data) / 1e6, _count(info))
+        cache.loaded_bytes = cache.path.stat().st_size
+        cache.files = compile_cache_files.restore(extra)
+        log.info(
+            "compile cache %s loaded (%.1f MB; %s; written here: %s)",
+            cache.path,
+            cache.loaded_bytes / 1e6,
+            _count(info),
+            _files(cache.files),
+        )
         return cache
 
     def save(self) -> None:
@@ -58,25 +77,61 @@ class CompileCache:
         crash or another run writing the same path never leaves a partial file."""
         if self.loaded_bytes:
             return
+        compile_cache_files.stop_recording()  # the kernels of the first step are what it carries
         artifacts = torch.compiler.save_cache_artifacts()
         if artifacts is None:
             log.warning("compile cache %s: torch.compile recorded nothing to save", self.path)
             return
         data, info = artifacts
+        extra = compile_cache_files.collect()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
         try:
-            partial.write_bytes(data)
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as archive:
+                archive.writestr(ARTIFACTS, data)
+                for name, contents in extra.items():
+                    archive.writestr(name, contents)
             os.replace(partial, self.path)
         except OSError as err:
             partial.unlink(missing_ok=True)
             log.warning("compile cache %s could not be written: %s", self.path, err)
             return
-        self.saved_bytes = len(data)
-        log.info("compile cache %s written (%.1f MB; %s)", self.path, len(data) / 1e6, _count(info))
+        self.saved_bytes = self.path.stat().st_size
+        self.files = compile_cache_files.count(extra)
+        log.info(
+            "compile cache %s written (%.1f MB; %s; %s)",
+            self.path,
+            self.saved_bytes / 1e6,
+            _count(info),
+            _files(self.files),
+        )
 
     def facts(self) -> dict:
-        return {"path": str(self.path), "loaded_bytes": self.loaded_bytes, "saved_bytes": self.saved_bytes}
+        return {
+            "path": str(self.path),
+            "loaded_bytes": self.loaded_bytes,
+            "saved_bytes": self.saved_bytes,
+            "files": self.files,
+        }
+
+
+def _read(path: Path) -> tuple[bytes, dict[str, bytes]]:
+    """torch's artifacts and the other files, from a zip of them or a file of the artifacts alone."""
+    data = path.read_bytes()
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        return data, {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            files = {name: archive.read(name) for name in archive.namelist()}
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return data, {}  # torch then names the file as not loadable
+    if ARTIFACTS not in files:
+        return data, {}
+    return files.pop(ARTIFACTS), files
+
+
+def _files(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items())
 
 
 def _count(info) -> str:
