@@ -1,7 +1,8 @@
 """`optimizations.compile_cache`: torch.compile's cache artifacts in one file. A run writes it once its first
 step has compiled and a run on empty local caches loads it and compiles nothing it holds, its multi-kernel
-picks included; a file of the artifacts alone still loads; a damaged file is named and skipped; the trainer
-loads it before the blocks compile and saves it from the main rank."""
+picks included, and a loaded file that served a graph it did not hold is replaced; a file of the artifacts
+alone still loads; a damaged file is named and skipped; the trainer loads it (by default from its run folder)
+before the blocks compile and saves it from the main rank."""
 
 from __future__ import annotations
 
@@ -78,6 +79,42 @@ def test_a_written_file_makes_empty_caches_hit(tmp_path) -> None:
         torch._dynamo.utils.counters.clear()
 
 
+def _shifted_cosine(x: torch.Tensor) -> torch.Tensor:
+    return torch.cos(x) - 3
+
+
+def test_a_loaded_file_that_served_nothing_new_is_replaced(tmp_path) -> None:
+    """Loaded, then a graph it did not hold compiled (another GPU, torch or model): this host's file replaces it."""
+    from torch._inductor.utils import fresh_cache
+
+    path = tmp_path / "cache.bin"
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        with fresh_cache():
+            first = CompileCache.open(path)
+            torch.compile(_scaled_sine)(torch.ones(8))
+            first.save()
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        with fresh_cache():
+            cache = CompileCache.open(path)
+            assert cache.loaded_bytes == first.saved_bytes
+            torch.compile(_shifted_cosine)(torch.ones(8))
+            assert _fx_graph_counts() == (0, 1)
+            cache.save()
+            assert cache.saved_bytes == path.stat().st_size > 0
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        with fresh_cache():
+            CompileCache.open(path)
+            torch.compile(_shifted_cosine)(torch.ones(8))
+            assert _fx_graph_counts() == (1, 0)  # the new file holds what the second host compiled
+    finally:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+
+
 def test_a_file_of_the_artifacts_alone_still_loads(tmp_path) -> None:
     from torch._inductor.utils import fresh_cache
 
@@ -126,20 +163,30 @@ class _Artifacts:
         return b"compiled", None
 
 
-@pytest.mark.parametrize("exists", [False, True])
+@pytest.mark.parametrize(
+    ("setting", "exists"), [("cache.bin", False), ("cache.bin", True), ("auto", False), ("auto", True)]
+)
 def test_the_trainer_loads_before_compiling_and_saves_after_the_first_step(
-    tmp_path, env, standins, monkeypatch, exists
+    tmp_path, env, standins, monkeypatch, setting, exists
 ) -> None:
     artifacts = _Artifacts()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # holds no picks
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", artifacts.load)
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", artifacts.save)
-    path = tmp_path / "cache.bin"
+    torch._dynamo.utils.counters.clear()  # nothing compiled anew in this process: a loaded file stays
+    # auto: in the run folder, where a resumed run finds it
+    path = tmp_path / "run" / "compile_cache.bin" if setting == "auto" else tmp_path / setting
     if exists:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"earlier")
     cfg = standins.small_config(
-        tmp_path, steps=3, optimizations__compile="on", optimizations__compile_cache=str(path)
+        tmp_path, steps=3, optimizations__compile="on", optimizations__compile_cache=setting
     )
+    cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "run"))
+    if setting != "auto":
+        cfg = dataclasses.replace(
+            cfg, optimizations=dataclasses.replace(cfg.optimizations, compile_cache=str(path))
+        )
     parts = dataclasses.replace(
         standins.make_parts(), compile_model=lambda: artifacts.calls.append("compile") or 1
     )
@@ -159,3 +206,9 @@ def test_the_trainer_loads_before_compiling_and_saves_after_the_first_step(
         "saved_bytes": 0 if exists else path.stat().st_size,
         "files": {"picks": 0, "triton_kernels": 0},
     }
+
+
+def test_off_uses_no_file_and_auto_names_the_run_folder(tmp_path) -> None:
+    assert CompileCache.path_for("off", tmp_path) is None and CompileCache.path_for("", tmp_path) is None
+    assert CompileCache.path_for("auto", tmp_path / "run") == tmp_path / "run" / "compile_cache.bin"
+    assert CompileCache.path_for("/shared/gr00t.bin", tmp_path) == Path("/shared/gr00t.bin")

@@ -63,12 +63,15 @@ class OptimizationsConfig(Section):
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile every repeated block of the model (vision, LLM and DiT blocks; each block type compiles
     once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
-    compile_cache: str = ""
+    compile_cache: str = "auto"
     """A file of torch.compile's cache artifacts (compiled graphs, Triton kernels, autotuning results) with
     Inductor's multi-kernel picks and our own Triton kernels, for hosts whose local caches start empty (a
-    fresh cloud host or container). Loaded before the first compile when it exists; otherwise written by the
-    main rank once the first step has compiled. Entries hold only for the same torch, Triton, GPU and compiled
-    graphs; the rest compiles as without it. Empty: not used."""
+    fresh cloud host or container, or a preempted job resumed elsewhere). Loaded before the first compile
+    when it exists; written by the main rank once the first step has compiled, unless it was loaded and
+    nothing compiled anew. Entries hold only for the same torch, Triton, GPU and compiled graphs; the rest
+    compiles as without it. auto = `<output_dir>/compile_cache.bin` (about 70 MB for n1.6-3b), so a resumed
+    run starts from its own compilation; off (or empty) = not used; anything else is the file's path (one
+    file may serve many runs)."""
     bf16_weights: Switch = "auto"
     """Hold the trainable matmul weights in bf16 (no per-step casts) with fp32 master weights and moments in
     the optimizer, which writes the bf16 copy; gradients accumulate in fp32 (where nothing accumulates, at one

@@ -23,6 +23,8 @@ import torch
 from . import compile_cache_files
 
 ARTIFACTS = "torch.bin"
+AUTO_FILE = "compile_cache.bin"
+"""`optimizations.compile_cache=auto`: this file in the run's output_dir."""
 log = logging.getLogger(__name__)
 
 
@@ -39,16 +41,23 @@ class CompileCache:
     """Multi-kernel picks and Triton kernels the file carried that this host lacked (loaded), or that this run
     wrote into it (saved)."""
 
+    @staticmethod
+    def path_for(setting: str, output_dir: str | os.PathLike) -> Path | None:
+        """The file `optimizations.compile_cache` names for a run writing to `output_dir` (None: not used)."""
+        if setting in ("", "off"):
+            return None
+        return Path(output_dir) / AUTO_FILE if setting == "auto" else Path(setting)
+
     @classmethod
     def open(cls, path: str | os.PathLike) -> CompileCache:
         """Load `path` into torch.compile's local caches if it exists (before anything compiles). A file
         torch cannot read is named in a warning; the run compiles without it and writes it anew."""
         cache = cls(Path(path).expanduser())
+        compile_cache_files.record_triton_kernel_loads()  # what the first step loads, should it write the file
         if not cache.path.is_file():
             log.info(
                 "compile cache %s does not exist yet: written once the first step has compiled", cache.path
             )
-            compile_cache_files.record_triton_kernel_loads()
             return cache
         data, extra = _read(cache.path)
         try:  # torch logs a damaged blob and returns None; other torch versions may raise
@@ -59,7 +68,6 @@ class CompileCache:
             why = ""
         if info is None:
             log.warning("compile cache %s could not be loaded%s: compiling without it", cache.path, why)
-            compile_cache_files.record_triton_kernel_loads()
             return cache
         cache.loaded_bytes = cache.path.stat().st_size
         cache.files = compile_cache_files.restore(extra)
@@ -73,11 +81,12 @@ class CompileCache:
         return cache
 
     def save(self) -> None:
-        """Write what this process compiled, if the file was not loaded: to a temporary name, then renamed, so a
-        crash or another run writing the same path never leaves a partial file."""
-        if self.loaded_bytes:
-            return
+        """Write what this process compiled, unless the file was loaded and nothing compiled anew (a file from
+        another GPU or torch is replaced by this host's): to a temporary name, then renamed, so a crash or
+        another run writing the same path never leaves a partial file."""
         compile_cache_files.stop_recording()  # the kernels of the first step are what it carries
+        if self.loaded_bytes and not _compiled_anew():
+            return
         artifacts = torch.compiler.save_cache_artifacts()
         if artifacts is None:
             log.warning("compile cache %s: torch.compile recorded nothing to save", self.path)
@@ -113,6 +122,12 @@ class CompileCache:
             "saved_bytes": self.saved_bytes,
             "files": self.files,
         }
+
+
+def _compiled_anew() -> bool:
+    """Whether this process compiled a graph its caches did not hold (FX graph or AOTAutograd misses)."""
+    counters = torch._dynamo.utils.counters
+    return bool(counters["inductor"]["fxgraph_cache_miss"] or counters["aot_autograd"]["autograd_cache_miss"])
 
 
 def _read(path: Path) -> tuple[bytes, dict[str, bytes]]:

@@ -176,8 +176,8 @@ def _maybe_compile(cfg: TrainConfig, parts: TrainParts, env: DistEnv, component:
         if mode == "on":
             raise ConfigError("optimizations.compile", "this model offers no blocks to compile")
         return 0
-    if cfg.optimizations.compile_cache:
-        component.compile_cache = CompileCache.open(cfg.optimizations.compile_cache)
+    if (path := CompileCache.path_for(cfg.optimizations.compile_cache, cfg.output_dir)) is not None:
+        component.compile_cache = CompileCache.open(path)
     count = parts.compile_model()
     log.info("compiling %d repeated blocks with torch.compile (on the first step)", count)
     return count

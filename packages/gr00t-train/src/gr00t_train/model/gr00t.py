@@ -50,7 +50,9 @@ def model_overrides(cfg: TrainConfig, device: torch.device, tokenizer) -> dict:
     fields["grouped_embodiment_gemms"] = grouped == "on" or (grouped == "auto" and device.type == "cuda")
     fields["merged_dit_linears"] = merges_dit_linears(cfg, device.type)
     fields["checkpoint_blocks"] = tuple(cfg.memory.recompute)
-    fields["checkpoint_policy"] = "full" if cfg.memory.recompute_policy == "auto" else cfg.memory.recompute_policy
+    fields["checkpoint_policy"] = (
+        "full" if cfg.memory.recompute_policy == "auto" else cfg.memory.recompute_policy
+    )
     fields["triton_attention"] = _triton_attention(cfg, device)
     token_id = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
     fields["image_token_id"] = token_id

@@ -30,6 +30,7 @@ from ..checkpoint.checkpointer import (
 )
 from ..checkpoint.resume_checks import check_compatible
 from ..config.sections import TrainConfig
+from ..model.compile_cache import AUTO_FILE
 from .checks import probe_writable, refuse_dataset_folder, refuse_inside_live_run, refuse_nested_runs
 from .lock import FolderLock
 
@@ -45,8 +46,10 @@ RUN_OUTPUTS = (
     "loss.png",
     "step_time.png",
     "tensorboard",
+    AUTO_FILE,
 )
-"""What a run writes into its output_dir besides checkpoints (moved or deleted together)."""
+"""What a run writes into its output_dir besides checkpoints (moved or deleted together; the compile cache
+too, so a run started afresh with --overwrite compiles as a first run does)."""
 _UNNAMED = "unnamed"  # a run written before runs had ids
 
 
