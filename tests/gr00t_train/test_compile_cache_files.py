@@ -112,3 +112,17 @@ def test_the_load_hook_is_added_once_and_records_triton_loads() -> None:
         assert chain.calls == before
     finally:
         chain.remove(files._record_triton_load)
+
+
+def test_every_rank_stops_recording_after_the_first_step(tmp_path) -> None:
+    from gr00t_train.model.compile_cache import CompileCache
+
+    chain = triton.knobs.runtime.kernel_load_end_hook
+    try:
+        for write in (False, True):  # another rank, then the main rank (which writes the file)
+            cache = CompileCache.open(tmp_path / f"cache_{write}.bin")
+            assert files._record_triton_load in chain.calls
+            cache.after_first_step(write=write)
+            assert files._record_triton_load not in chain.calls
+    finally:
+        chain.remove(files._record_triton_load)

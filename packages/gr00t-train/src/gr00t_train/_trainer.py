@@ -256,8 +256,8 @@ class Trainer:
         if self.started_at is not None:
             self.startup_s = now - self.started_at
             startup_clock.first_step(self.first_step_s, self.model.graphed_step.report.capture_seconds)
-        if self.env.is_main and self.model.compile_cache is not None:
-            self.model.compile_cache.save()  # after the clock: its write is no part of start-up
+        if self.model.compile_cache is not None:  # after the clock: its write is no part of start-up
+            self.model.compile_cache.after_first_step(write=self.env.is_main)
 
     # --------------------------------------------------------------------------------------- report
     def run_facts(self) -> dict[str, Any]:

@@ -80,6 +80,14 @@ class CompileCache:
         )
         return cache
 
+    def after_first_step(self, write: bool) -> None:
+        """Once the first step has compiled: the main rank (`write`) writes the file; every rank stops
+        recording Triton's kernel loads."""
+        if write:
+            self.save()
+        else:
+            compile_cache_files.stop_recording()
+
     def save(self) -> None:
         """Write what this process compiled, unless the file was loaded and nothing compiled anew (a file from
         another GPU or torch is replaced by this host's): to a temporary name, then renamed, so a crash or
