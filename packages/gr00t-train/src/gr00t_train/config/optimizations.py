@@ -65,7 +65,7 @@ class OptimizationsConfig(Section):
     once), captured inside the CUDA graphs. auto = on with CUDA, off on CPU."""
     compile_cache: str = "auto"
     """A file of torch.compile's cache artifacts (compiled graphs, Triton kernels, autotuning results) with
-    Inductor's multi-kernel picks and our own Triton kernels, for hosts whose local caches start empty (a
+    Inductor's multi-kernel picks and our Triton kernels launched outside the graphs, for hosts whose local caches start empty (a
     fresh cloud host or container, or a preempted job resumed elsewhere). Loaded before the first compile
     when it exists; written by the main rank once the first step has compiled, unless it was loaded and
     nothing compiled anew. Entries hold only for the same torch, Triton, GPU and compiled graphs; the rest

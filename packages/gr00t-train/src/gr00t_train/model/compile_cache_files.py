@@ -5,11 +5,12 @@ n1.6-3b, 2026-12-05: first step 16.3 s against 8.8 s on warm local caches):
 - Inductor's multi-kernel picks (`<Inductor cache>/<xx>/<key>.picked_kernel`): which of a reduction's two
   kernels runs faster, found by timing both at its first call (1.6-2 s for 50 reductions). The key hashes
   both kernels' sources, sizes and Triton options, so a pick holds wherever the same kernels compile.
-- Triton kernels compiled outside Inductor's graphs (vla-overlap's optimizer and cast kernels, gr00t-model's
-  attention kernels: 11 kernels, 3.6-4 s). Triton keeps each in its own cache, one folder per kernel source
-  and compile options, whose `__grp__` file names the folder's files by absolute path. Which folders this
-  process used is told by Triton's kernel-load hook; Inductor's own kernels (named `triton_*`) travel in
-  torch's artifacts already.
+- Triton kernels launched outside Inductor's graphs (vla-overlap's optimizer and gradient-cast kernels, and
+  the like: 11 kernels, 3.6-4 s). Triton keeps each in its own cache, one folder per kernel source and
+  compile options, whose `__grp__` file names the folder's files by absolute path. Which folders this process
+  used is told by Triton's kernel-load hook; the kernels inside the compiled graphs (Inductor's `triton_*`,
+  and user kernels such as gr00t-model's attention, which Inductor compiles with its graph) travel in torch's
+  artifacts already; a user kernel recorded anyway is carried twice, which costs only bytes.
 Names in the file are `inductor/<xx>/<key>.picked_kernel` and `triton/<folder>/<file>`; restoring never
 overwrites what a host has, and writes each Triton folder under a temporary name renamed when complete."""
 
