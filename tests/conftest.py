@@ -64,6 +64,8 @@ def _global_torch_state() -> dict[str, object]:
         state["cuda.preferred_linalg_library"] = torch.backends.cuda.preferred_linalg_library()
     if hasattr(torch._C, "_get_sm_carveout_experimental"):  # fewer SMs: cuBLASLt picks other kernels
         state["sm_carveout"] = torch._C._get_sm_carveout_experimental()
+    if hasattr(torch.serialization, "get_crc32_options"):  # a run turns torch.save's CRC-32 off while it runs
+        state["save_crc32"] = torch.serialization.get_crc32_options()
     return state
 
 
@@ -97,6 +99,8 @@ def _set_global_torch_state(state: dict[str, object]) -> None:
         torch.backends.cuda.preferred_linalg_library(state["cuda.preferred_linalg_library"])
     if "sm_carveout" in state:
         torch._C._set_sm_carveout_experimental(state["sm_carveout"])
+    if "save_crc32" in state:
+        torch.serialization.set_crc32_options(state["save_crc32"])
 
 
 KEPT_ENV = {

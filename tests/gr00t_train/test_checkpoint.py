@@ -19,6 +19,7 @@ import gr00t_train
 import pytest
 import torch
 from gr00t_train import Checkpointer, Trainer
+from gr00t_train.checkpoint.manifest import check_manifest, check_structure
 
 STANDINS = Path(__file__).with_name("standins.py")
 
@@ -288,6 +289,23 @@ def test_sigterm_and_sigint_save_a_checkpoint_then_stop(tmp_path, env, standins,
     assert trainer.step == int(step) + 2
 
 
+def test_files_written_without_crc_pass_the_format_check_and_only_the_manifest_sees_their_bytes(
+    tmp_path,
+) -> None:
+    ck = Checkpointer(tmp_path / "ck", keep_last=3)
+    step = _save(ck, 2)
+    target = step / "rank00000.pt"
+    with zipfile.ZipFile(target) as archive:
+        info = next(i for i in archive.infolist() if "/data/" in i.filename)
+    assert info.CRC == 0  # left out by the writer
+    assert check_structure(step) is None and check_manifest(step) is None
+    data = bytearray(target.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra)] ^= 0xFF  # the record's first byte
+    target.write_bytes(bytes(data))
+    assert check_structure(step) is None  # nothing in the format to tell
+    assert "rank00000.pt" in check_manifest(step)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_without_a_manifest_the_file_formats_are_checked(tmp_path, damage: str) -> None:
     # Checkpoints written before manifests existed (or whose manifest was lost) are judged by their formats.
@@ -305,7 +323,8 @@ def test_without_a_manifest_the_file_formats_are_checked(tmp_path, damage: str) 
         target.write_bytes(target.read_bytes()[:-7])
         reason = f"model.safetensors: {size - 7} bytes, its header describes {size}"
     else:
-        target = newest / "rank00000.pt"
+        target = newest / "rank00000.pt"  # as written before checkpoints left torch.save's CRC-32 out
+        torch.save(torch.load(target, weights_only=True), target)
         with zipfile.ZipFile(target) as archive:  # where the first tensor's bytes start in the file
             info = next(i for i in archive.infolist() if "/data/" in i.filename)
         data = bytearray(target.read_bytes())

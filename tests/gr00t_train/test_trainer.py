@@ -334,6 +334,28 @@ def test_fit_restores_the_torch_switches_it_set(tmp_path, env, standins) -> None
     assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark) == before
 
 
+def test_checkpoints_carry_no_zip_crc_and_their_manifest_still_catches_a_changed_byte(
+    tmp_path, env, standins
+) -> None:
+    import zipfile
+
+    from gr00t_train.checkpoint.checkpointer import verify_checkpoint
+
+    Trainer(standins.small_config(tmp_path, steps=2, checkpoint__every=2), standins.make_parts(), env).fit()
+    step = tmp_path / "run" / "checkpoints" / "step_000002"
+    optimizer = step / "optimizer.pt"
+    with zipfile.ZipFile(optimizer) as archive:
+        records = [i for i in archive.infolist() if "/data/" in i.filename]
+    assert records and all(i.CRC == 0 for i in records)  # not computed: the manifest's SHA-256 covers them
+    state = torch.load(optimizer, weights_only=True)
+    assert any(torch.is_tensor(v) for group in state["state"].values() for v in group.values())
+    assert verify_checkpoint(step) is None
+    data = bytearray(optimizer.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    optimizer.write_bytes(bytes(data))
+    assert "optimizer.pt" in verify_checkpoint(step)
+
+
 def test_tensorboard_scalars_when_installed(tmp_path, env, standins, monkeypatch) -> None:
     import sys
     import types
