@@ -26,7 +26,9 @@
 #            (benchmarks/time_to_model.py; about 7 minutes)
 #   startup  the start-up alone, cold then warm: a 12-step run without saves or validation, then the warm
 #            process, then one on empty caches with the cold run's compile cache file (`--fresh-host`;
-#            benchmarks/time_to_model.py; about 4 minutes); with SAMPLE=1 the first two run under
+#            benchmarks/time_to_model.py; about 4 minutes); with TIMERS=1 every process prints the seconds
+#            of multi-kernel picking and Triton compiles (benchmarks/probes/compile_timers); with SAMPLE=1 the
+#            first two run under
 #            benchmarks/stack_sampler.py, which writes where their main threads' time went
 #   memory   the memory budgets 24, 32 and 48 GiB, uncapped and LoRA rank 32, refitting the planner's GPU
 #            calibration (benchmarks/memory_budget.py; about 7 minutes)
@@ -130,12 +132,14 @@ if [ "$what" = job ]; then
 fi
 if [ "$what" = startup ]; then
   libero
+  [ -n "${TIMERS:-}" ] && export PYTHONPATH="$PWD/benchmarks/probes/compile_timers:${PYTHONPATH:-}"
   python3 benchmarks/time_to_model.py --dataset "$data" --steps 12 --every 1000 --eval-every 0 --fresh-host \
     --set checkpoint.save_final=false --out /tmp/startup_probe --json "$out/startup_probe_h200_$day.json" \
     ${SAMPLE:+--sample-warm "$out/startup_warm_samples_h200_$day.txt"} \
     ${SAMPLE:+--sample-cold "$out/startup_cold_samples_h200_$day.txt"} > "$out/startup.log" 2>&1 || status=1
   grep -E "start-up|model phase|compile caches|compile timers|job " "$out/startup.log"
   cp /tmp/startup_probe/fresh.stderr.log "$out/startup_fresh.stderr.log" 2>/dev/null
+  grep TIMER /tmp/startup_probe/*.stderr.log 2>/dev/null  # TIMERS=1: each process's line
   cp /tmp/startup_probe/job.stderr.log "$out/startup_cold.stderr.log" 2>/dev/null
   cp /tmp/startup_probe/warm.stderr.log "$out/startup_warm.stderr.log" 2>/dev/null
 fi
