@@ -149,7 +149,8 @@ of them with their docs):
                              of our checkpoints (default: random weights, with a warning on the 3 B model)
   model.tokenizer=DIR        the tokenizer those weights were trained with (the release's Qwen3 tokenizer)
   steps=N                    optimizer steps (default 10000), data.batch_size=N per GPU (default 16)
-  output_dir=DIR             logs, plots, validation and checkpoints (default runs/gr00t-train)
+  output_dir=DIR             logs, plots, validation, checkpoints and the compile cache (default
+                             runs/gr00t-train)
 
 State and action joint groups come from the dataset's meta/modality.json (GR00T's format), else from its
 observation.state and action features (a feature whose `names` is a dict of lists is split into those
