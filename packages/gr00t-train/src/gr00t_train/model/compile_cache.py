@@ -5,9 +5,10 @@ caches under /tmp, which a fresh cloud host or container does not have: every ru
 cache artifacts (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`) carry those entries in one
 blob; `compile_cache_files` adds what they leave out (Inductor's multi-kernel picks, our own Triton kernels).
 The file is a zip of `torch.bin` (the artifacts) and those files; a file of the artifacts alone (as written
-before) loads too. A run with the setting loads the file before its first compile when it exists, and
-otherwise writes it once its first step has compiled. Entries hold only where torch, Triton, the GPU and the
-compiled graphs are the same; anything else compiles as it would have."""
+before) loads too. A run loads the file (by default `<output_dir>/compile_cache.bin`, where a resumed run
+finds it) before its first compile when it exists, and writes it once its first step has compiled unless it
+loaded it and compiled nothing anew. Entries hold only where torch, Triton, the GPU and the compiled graphs
+are the same; anything else compiles as it would have."""
 
 from __future__ import annotations
 
