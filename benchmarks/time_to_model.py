@@ -213,6 +213,9 @@ def main() -> None:
         # inside steps_s: how long the first update after each save waited on the GPU for its host copies
         "checkpoint_update_wait_s": summary.get("checkpoint_update_wait_s"),
         "checkpoint_write_s": summary.get("checkpoint_write_s"),
+        # each background write by part (the wait for the copies, torch.save of the optimizer state, the
+        # model, the manifest's hashing, the fsync, ...): what bounds a write, the CPU or the disk
+        "checkpoint_write_parts_s": summary.get("checkpoint_write_parts_s"),
         "checkpoint_bytes": summary.get("checkpoint_bytes"),
         "validation_s": validation_s,
         # inside other_s: the final save's wait (the write, then the staging pool's release), and the
@@ -278,6 +281,8 @@ def main() -> None:
     )
     for index, parts in enumerate(result["checkpoint_stall_parts_s"] or []):
         print(f"save {index + 1}: stall {stalls[index]:.3f} s = " + describe_parts(parts))
+    for index, parts in enumerate(result["checkpoint_write_parts_s"] or []):
+        print(f"save {index + 1}: write {result['checkpoint_write_s'][index]:.2f} s = " + describe_parts(parts))
     for index, memory in enumerate(result["checkpoint_memory_gib"] or []):
         print(f"save {index + 1}: memory (GiB) " + ", ".join(f"{k} {v:.2f}" for k, v in memory.items()))
     if args.json:

@@ -68,6 +68,12 @@ def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path, env, standins)
     assert summary["checkpoint_update_wait_s"] == [0.0] * 3  # CPU: the copies end before the save returns
     assert all(w >= 0.4 for w in writes) and max(stalls) < 0.3  # the writes took longer than the loop waited
     assert summary["checkpoint_failures"] == []
+    for total, parts in zip(writes, summary["checkpoint_write_parts_s"]):  # each write by part, adding up
+        assert list(parts) == [
+            "ready", "decode_moments", "rank_file", "optimizer", "model", "json", "other_ranks", "manifest",
+            "fsync", "publish", "prune",
+        ]  # fmt: skip
+        assert parts["model"] >= 0.4 and sum(parts.values()) == pytest.approx(total, abs=0.02)
     final = summary["checkpoint_final_wait_s"]  # the final save's 0.4 s write is waited for, and timed
     assert set(final) == {"write", "staging_release"} and final["write"] >= 0.3
     sizes = [sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) for d in _steps(tmp_path)]
@@ -229,5 +235,8 @@ def test_the_in_the_loop_save_is_kept_for_comparison(tmp_path, env, standins) ->
     Trainer(cfg, parts, env).fit()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert min(summary["checkpoint_stall_s"]) >= 0.3  # the loop waited for the files
+    for total, parts in zip(summary["checkpoint_write_s"], summary["checkpoint_write_parts_s"]):
+        assert parts["model"] >= 0.3 and "barrier" in parts
+        assert sum(parts.values()) == pytest.approx(total, abs=0.02)
     assert [p.name for p in _steps(tmp_path)] == ["step_000002", "step_000004"]
     assert gr00t_train.TrainConfig().checkpoint.async_save is True

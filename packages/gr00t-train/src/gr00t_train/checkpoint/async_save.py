@@ -2,7 +2,7 @@
 of every save (how long the loop stalled, how long the write took, how many bytes) for the log and
 summary.json.
 
-Per save the record splits the stall into its parts (`StallClock`: waiting for the previous write, the weights'
+Per save the record splits the stall into its parts (`LapClock`: waiting for the previous write, the weights'
 finite check, which waits for the step queued on the device, staging the random and data state, the optimizer
 state and the model's tensors, the checkpoint folder), with the staging's own parts beside them (the wait for
 the host pool's reservation, the pool's growth, the device snapshot's allocation and copies, the launch of the
@@ -35,6 +35,8 @@ class BackgroundWrite:
         self.path: Path | None = None
         self.error: BaseException | None = None
         self.seconds: float | None = None
+        self.ready_s: float | None = None
+        """Of `seconds`: the wait for the staged copies before writing."""
         self._job, self._ready, self._speaks = job, ready, speaks
         self._thread = threading.Thread(target=self._run, name=f"gr00t-train-save-{step}", daemon=True)
         self._thread.start()
@@ -43,6 +45,7 @@ class BackgroundWrite:
         started = time.perf_counter()
         try:
             self._ready()
+            self.ready_s = time.perf_counter() - started
             self.path = self._job()
         except BaseException as err:  # noqa: BLE001 - reported where the run meets it (SaveLog.settle)
             self.error = err
@@ -57,8 +60,9 @@ class BackgroundWrite:
         return not self._thread.is_alive()
 
 
-class StallClock:
-    """Consecutive parts of a save's stall: `lap(name)` books the seconds since the last lap under `name`."""
+class LapClock:
+    """Consecutive parts of a save's stall or write: `lap(name)` books the seconds since the last lap under
+    `name`."""
 
     def __init__(self) -> None:
         self.started = self._last = time.perf_counter()
@@ -77,7 +81,9 @@ def describe_parts(parts: dict[str, Any]) -> str:
     """'settle 0.000 s, finite_check 0.210 s, ... (staging: pool_wait 0.000 s, ...)' for the log."""
     laps = ", ".join(f"{k} {v:.3f} s" for k, v in parts.items() if not isinstance(v, dict))
     inner = parts.get("staging") or {}
-    return laps + (" (staging: " + ", ".join(f"{k} {v:.3f} s" for k, v in inner.items()) + ")" if inner else "")
+    return laps + (
+        " (staging: " + ", ".join(f"{k} {v:.3f} s" for k, v in inner.items()) + ")" if inner else ""
+    )
 
 
 @dataclass
@@ -92,7 +98,12 @@ class SaveLog:
     bytes: list[int] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     stall_parts_s: list[dict[str, Any]] = field(default_factory=list)
-    """Per save: its stall by part (`StallClock` laps, which add up to stall_s) and `staging`'s own parts."""
+    """Per save: its stall by part (`LapClock` laps, which add up to stall_s) and `staging`'s own parts."""
+    write_parts_s: list[dict[str, float]] = field(default_factory=list)
+    """Per write (rank 0): its parts, which add up to write_s: the wait for the staged copies (`ready`), the
+    decoding of 8-bit moments, then `Checkpointer.write`'s laps (this rank's file, the optimizer state, the
+    model, the JSON files, the wait for the other ranks, the manifest's hashing, the fsync, the rename, the
+    pruning); a write in the loop adds the barrier after it."""
     memory_gib: list[dict[str, float]] = field(default_factory=list)
     """Per save (CUDA): device memory allocated and peak when it began, its snapshot (held and newly
     allocated), and the peak once its copies ended (`Staging.memory`)."""
@@ -103,6 +114,7 @@ class SaveLog:
             "checkpoint_stall_s": [round(s, 4) for s in self.stall_s],
             "checkpoint_update_wait_s": [round(s, 4) for s in self.update_wait_s],
             "checkpoint_write_s": [round(s, 3) for s in self.write_s],
+            "checkpoint_write_parts_s": [_rounded(p, 3) for p in self.write_parts_s],
             "checkpoint_bytes": list(self.bytes),
             "checkpoint_failures": list(self.failures),
             "checkpoint_stall_parts_s": [_rounded(p, 4) for p in self.stall_parts_s],
@@ -113,13 +125,17 @@ class SaveLog:
             ),
         }
 
-    def written(self, path: Path, seconds: float, background: bool) -> None:
-        """A write that published `path` (rank 0: every rank's files are in it)."""
+    def written(self, path: Path, seconds: float, background: bool, parts: dict[str, float]) -> None:
+        """A write that published `path` (rank 0: every rank's files are in it), in `parts`."""
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         self.write_s.append(seconds)
+        self.write_parts_s.append(parts)
         self.bytes.append(size)
         how = "in the background" if background else "in the loop"
-        log.info("checkpoint %s written %s in %.2f s (%.1f MB)", path.name, how, seconds, size / 1e6)
+        log.info(
+            "checkpoint %s written %s in %.2f s (%.1f MB): %s",
+            path.name, how, seconds, size / 1e6, describe_parts(parts),
+        )  # fmt: skip
 
     def failed(self, step: int, message: str, policy: str) -> None:
         """A write that failed (every rank records rank 0's account of it)."""

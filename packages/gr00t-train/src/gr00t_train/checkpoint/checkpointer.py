@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CheckpointError
+from .async_save import LapClock
 from .files import _fsync_dir, _fsync_tree, _torch_load, _torch_save, _write_json
 from .manifest import MANIFEST, check_manifest, write_manifest
 from .save_errors import save_error
@@ -89,6 +90,8 @@ class Checkpointer:
         """The run whose checkpoints this object writes, prunes and cleans up after (None: unnamed)."""
         self.rank_timeout_s = RANK_TIMEOUT_S
         self.abandon = threading.Event()
+        self.write_clock = LapClock()
+        """The parts of the last `write` (summary.json's checkpoint_write_parts_s)."""
         """Set when the run failed: a save still waiting for other ranks' parts gives up at once."""
 
     # ----------------------------------------------------------------------------------------- saving
@@ -145,20 +148,30 @@ class Checkpointer:
         done, the manifest, the rename into place and the pruning. No collectives: it may run in a background
         thread while training runs its own. Returns the final folder."""
         final, tmp = self._folders(step)
+        clock = self.write_clock = LapClock()
         try:
             _torch_save(rank_state, tmp / rank_file_name(self.rank))
+            clock.lap("rank_file")
             if self.rank != 0:
                 (tmp / _DONE.format(self.rank)).touch()
                 return final
             _torch_save(optimizer_state, tmp / "optimizer.pt")
+            clock.lap("optimizer")
             write_model(tmp)
+            clock.lap("model")
             _write_json(tmp / TRAIN_CONFIG, config)
             _write_json(tmp / TRAINER_STATE, {**trainer_state, "run_id": self.run_id})
+            clock.lap("json")
             self._wait_for_ranks(tmp, final, world_size)
+            clock.lap("other_ranks")
             write_manifest(tmp, {"step": step, "run_id": self.run_id})  # hashes what is on disk
+            clock.lap("manifest")
             _fsync_tree(tmp)
+            clock.lap("fsync")
             self._publish(tmp, final)
+            clock.lap("publish")
             self._prune()
+            clock.lap("prune")
         except Exception as err:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # free the space a partial save took

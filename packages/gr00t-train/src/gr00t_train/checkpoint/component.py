@@ -31,7 +31,7 @@ from ..data.component import DataComponent
 from ..data.fingerprint import meta_digest, write_fingerprint
 from ..data.mixture import run_fingerprint
 from ..model.component import ModelComponent
-from .async_save import BackgroundWrite, SaveLog, StallClock, describe_parts
+from .async_save import BackgroundWrite, LapClock, SaveLog, describe_parts
 from .base import describe as describe_base
 from .checkpointer import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
 from .host_pool import ALIGN, CHUNK_BYTES, nbytes
@@ -69,6 +69,7 @@ class CheckpointComponent:
         self.saves = SaveLog()
         """This session's saves: the loop's stall, write seconds and bytes, failures (summary.json)."""
         self._inflight: BackgroundWrite | None = None
+        self._decode_s = 0.0  # the last write's decoding of 8-bit moments
         budget = cfg.memory.budget_gib
         self.staging = Staging(env.device, budget_bytes=None if budget is None else int(budget * 2**30))
         """Host copies of a save's state, into a pool reused by every save (`checkpoint.staging`)."""
@@ -98,7 +99,7 @@ class CheckpointComponent:
         """Save the checkpoint of `step` (every rank, after the update finished; NaN/inf weights are refused);
         returns its final folder. With checkpoint.async_save the state is staged in host memory here and
         written by a background thread (`wait` for it); the loop's stall is what this call takes."""
-        clock = StallClock()
+        clock = LapClock()
         self._settle()  # at most one write in flight: the previous one first
         clock.lap("settle")
         check_weights_finite(self.parts.model, step)  # reads the weights: waits for the step on the device
@@ -143,7 +144,9 @@ class CheckpointComponent:
 
         def job() -> Path:
             # 8-bit moments were staged as stored: decoded here, beside training (vla_overlap.decode_moments)
+            started = time.perf_counter()
             vla_overlap.decode_moments(optimizer_state)
+            self._decode_s = time.perf_counter() - started  # one write at a time: read once it has ended
             return self.checkpointer.write(
                 step, write_model=write_model, optimizer_state=optimizer_state, rank_state=rank_state,
                 trainer_state=trainer_state, config=config, world_size=self.env.world_size,
@@ -156,10 +159,14 @@ class CheckpointComponent:
         else:
             written = time.perf_counter()
             ready()
+            ready_s = time.perf_counter() - written
             final = job()
             self.env.barrier()  # every rank returns after rank 0 published, as before
             if self.env.is_main:
-                self.saves.written(final, time.perf_counter() - written, background=False)
+                seconds = time.perf_counter() - written
+                parts = self._write_parts(ready_s)
+                parts["barrier"] = seconds - sum(parts.values())
+                self.saves.written(final, seconds, background=False, parts=parts)
             clock.lap("write")
         self.saves.stall_s.append(clock.total())
         self.saves.stall_parts_s.append({**clock.laps, "staging": dict(staging.parts)})
@@ -275,6 +282,10 @@ class CheckpointComponent:
             write.join(self.checkpointer.rank_timeout_s)
         self._release_staging()
 
+    def _write_parts(self, ready_s: float) -> dict[str, float]:
+        """A write's parts: the wait for the staged copies, the 8-bit moments' decoding, Checkpointer.write's."""
+        return {"ready": ready_s, "decode_moments": self._decode_s, **self.checkpointer.write_clock.laps}
+
     def _settle(self, final: bool = False) -> None:
         """Wait for the write in flight and agree on its outcome on every rank (rank 0 knows it: it publishes
         only once every rank's part is written); a failure stops the run as checkpoint.on_error says."""
@@ -283,7 +294,8 @@ class CheckpointComponent:
             return
         write.join()
         if write.error is None and self.env.is_main:
-            self.saves.written(write.path, write.seconds, background=True)
+            parts = self._write_parts(write.ready_s or 0.0)
+            self.saves.written(write.path, write.seconds, background=True, parts=parts)
         error = write.error
         mine = None if error is None else str(error) if isinstance(error, CheckpointError) else repr(error)
         failure = self.env.broadcast_object(mine)  # a collective: every rank settles at the same save
