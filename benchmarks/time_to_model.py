@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -99,8 +100,11 @@ def _train(
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    # the process's end after its report (plots, workers and memory released, interpreter exit)
+    # the process's end after its report (plots, workers and memory released, interpreter exit), and of it
+    # what the process logged before its interpreter's exit
     summary["after_summary_s"] = time.time() - (out / "summary.json").stat().st_mtime
+    over = re.findall(r"run over ([0-9.]+) s after summary.json", proc.stderr)
+    summary["after_summary_in_process_s"] = float(over[-1]) if over else None
     return summary, wall
 
 
@@ -222,6 +226,8 @@ def main() -> None:
         # process's end after summary.json was written
         "checkpoint_final_wait_s": summary.get("checkpoint_final_wait_s"),
         "after_summary_s": summary["after_summary_s"],
+        # of it: before the interpreter's exit (the rest is the exit: atexit handlers, CUDA's teardown)
+        "after_summary_in_process_s": summary["after_summary_in_process_s"],
         "other_s": other,
         "non_step_share": (wall - steps_s) / wall,
         "samples_per_s_job": samples / wall,
@@ -271,6 +277,7 @@ def main() -> None:
         "rest: final save's wait "
         + ", ".join(f"{k} {v:.1f} s" for k, v in final.items())
         + f"; after summary.json {result['after_summary_s']:.1f} s"
+        + f" (in the process {result['after_summary_in_process_s'] or 0:.1f} s, then its exit)"
     )
     if fresh:
         print(f"start-up on a fresh host with the compile cache file: {result['startup_fresh_s']:.1f} s "

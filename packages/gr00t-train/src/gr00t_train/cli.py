@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from .__about__ import __version__
@@ -67,6 +68,12 @@ def _train(args: argparse.Namespace) -> int:
         print(summary.table())
         print(f"outputs: {cfg.output_dir} (metrics.jsonl, summary.json, loss.png, step_time.png)")
         print(f"checkpoints: {cfg.checkpoint_dir}")
+        report = Path(cfg.output_dir) / "summary.json"
+        if report.is_file():  # the rest of the job's end is the interpreter's exit (time_to_model.py splits it)
+            logging.getLogger("gr00t_train").info(
+                "run over %.2f s after summary.json was written (plots, the run's release, the process group)",
+                time.time() - report.stat().st_mtime,
+            )
     return 0
 
 
