@@ -6,6 +6,7 @@ before the blocks compile and saves it from the main rank."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -37,6 +38,22 @@ def _fx_graph_counts() -> tuple[int, int]:
     return counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"]
 
 
+@contextlib.contextmanager
+def _fresh_host():
+    """Empty Inductor and Triton caches and a reset torch.compile with cleared counters, as in a new process
+    on a fresh host; reset again after."""
+    from torch._inductor.utils import fresh_cache
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        with fresh_cache():
+            yield
+    finally:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+
+
 def _pick(key: str) -> Path:
     """Where Inductor keeps a multi-kernel's pick (CPU compiles make none)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -45,38 +62,28 @@ def _pick(key: str) -> Path:
 
 
 def test_a_written_file_makes_empty_caches_hit(tmp_path) -> None:
-    from torch._inductor.utils import fresh_cache
-
     path = tmp_path / "compile" / "cache.bin"
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        with fresh_cache():  # empty Inductor and Triton caches, as on a fresh host
-            cache = CompileCache.open(path)
-            assert cache.loaded_bytes == 0 and not path.exists()
-            torch.compile(_scaled_sine)(torch.ones(8))
-            assert _fx_graph_counts() == (0, 1)
-            _pick("zabcdef").parent.mkdir(parents=True)
-            _pick("zabcdef").write_text("1")
-            cache.save()
-            assert path.is_file() and cache.saved_bytes == path.stat().st_size > 0
-            assert cache.files == {"picks": 1, "triton_kernels": 0}
-            assert [p.name for p in path.parent.iterdir()] == ["cache.bin"]  # no partial file left
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        with fresh_cache():  # another fresh host, with the file
-            assert not _pick("zabcdef").exists()
-            cache = CompileCache.open(path)
-            assert cache.loaded_bytes == path.stat().st_size
-            assert cache.files == {"picks": 1, "triton_kernels": 0} and _pick("zabcdef").read_text() == "1"
-            x = torch.linspace(-1, 1, 8)
-            assert torch.equal(torch.compile(_scaled_sine)(x), _scaled_sine(x))
-            assert _fx_graph_counts() == (1, 0)  # the compiled graph came from the file
-            cache.save()  # loaded: nothing to write
-            assert cache.saved_bytes == 0
-    finally:
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
+    with _fresh_host():
+        cache = CompileCache.open(path)
+        assert cache.loaded_bytes == 0 and not path.exists()
+        torch.compile(_scaled_sine)(torch.ones(8))
+        assert _fx_graph_counts() == (0, 1)
+        _pick("zabcdef").parent.mkdir(parents=True)
+        _pick("zabcdef").write_text("1")
+        cache.save()
+        assert path.is_file() and cache.saved_bytes == path.stat().st_size > 0
+        assert cache.files == {"picks": 1, "triton_kernels": 0}
+        assert [p.name for p in path.parent.iterdir()] == ["cache.bin"]  # no partial file left
+    with _fresh_host():  # another fresh host, with the file
+        assert not _pick("zabcdef").exists()
+        cache = CompileCache.open(path)
+        assert cache.loaded_bytes == path.stat().st_size
+        assert cache.files == {"picks": 1, "triton_kernels": 0} and _pick("zabcdef").read_text() == "1"
+        x = torch.linspace(-1, 1, 8)
+        assert torch.equal(torch.compile(_scaled_sine)(x), _scaled_sine(x))
+        assert _fx_graph_counts() == (1, 0)  # the compiled graph came from the file
+        cache.save()  # loaded: nothing to write
+        assert cache.saved_bytes == 0
 
 
 def _shifted_cosine(x: torch.Tensor) -> torch.Tensor:
@@ -85,56 +92,34 @@ def _shifted_cosine(x: torch.Tensor) -> torch.Tensor:
 
 def test_a_loaded_file_that_served_nothing_new_is_replaced(tmp_path) -> None:
     """Loaded, then a graph it did not hold compiled (another GPU, torch or model): this host's file replaces it."""
-    from torch._inductor.utils import fresh_cache
-
     path = tmp_path / "cache.bin"
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        with fresh_cache():
-            first = CompileCache.open(path)
-            torch.compile(_scaled_sine)(torch.ones(8))
-            first.save()
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        with fresh_cache():
-            cache = CompileCache.open(path)
-            assert cache.loaded_bytes == first.saved_bytes
-            torch.compile(_shifted_cosine)(torch.ones(8))
-            assert _fx_graph_counts() == (0, 1)
-            cache.save()
-            assert cache.saved_bytes == path.stat().st_size > 0
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        with fresh_cache():
-            CompileCache.open(path)
-            torch.compile(_shifted_cosine)(torch.ones(8))
-            assert _fx_graph_counts() == (1, 0)  # the new file holds what the second host compiled
-    finally:
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
+    with _fresh_host():
+        first = CompileCache.open(path)
+        torch.compile(_scaled_sine)(torch.ones(8))
+        first.save()
+    with _fresh_host():
+        cache = CompileCache.open(path)
+        assert cache.loaded_bytes == first.saved_bytes
+        torch.compile(_shifted_cosine)(torch.ones(8))
+        assert _fx_graph_counts() == (0, 1)
+        cache.save()
+        assert cache.saved_bytes == path.stat().st_size > 0
+    with _fresh_host():
+        CompileCache.open(path)
+        torch.compile(_shifted_cosine)(torch.ones(8))
+        assert _fx_graph_counts() == (1, 0)  # the new file holds what the second host compiled
 
 
 def test_a_file_of_the_artifacts_alone_still_loads(tmp_path) -> None:
-    from torch._inductor.utils import fresh_cache
-
     path = tmp_path / "cache.bin"
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        with fresh_cache():
-            torch.compile(_scaled_sine)(torch.ones(8))
-            path.write_bytes(torch.compiler.save_cache_artifacts()[0])  # as the first version wrote it
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        with fresh_cache():
-            cache = CompileCache.open(path)
-            assert cache.loaded_bytes == path.stat().st_size
-            torch.compile(_scaled_sine)(torch.ones(8))
-            assert _fx_graph_counts() == (1, 0)
-    finally:
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
+    with _fresh_host():
+        torch.compile(_scaled_sine)(torch.ones(8))
+        path.write_bytes(torch.compiler.save_cache_artifacts()[0])  # as the first version wrote it
+    with _fresh_host():
+        cache = CompileCache.open(path)
+        assert cache.loaded_bytes == path.stat().st_size
+        torch.compile(_scaled_sine)(torch.ones(8))
+        assert _fx_graph_counts() == (1, 0)
 
 
 def test_a_damaged_file_is_named_and_the_run_compiles_without_it(tmp_path, caplog) -> None:

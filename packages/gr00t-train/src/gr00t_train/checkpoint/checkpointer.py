@@ -90,9 +90,9 @@ class Checkpointer:
         """The run whose checkpoints this object writes, prunes and cleans up after (None: unnamed)."""
         self.rank_timeout_s = RANK_TIMEOUT_S
         self.abandon = threading.Event()
+        """Set when the run failed: a save still waiting for other ranks' parts gives up at once."""
         self.write_clock = LapClock()
         """The parts of the last `write` (summary.json's checkpoint_write_parts_s)."""
-        """Set when the run failed: a save still waiting for other ranks' parts gives up at once."""
 
     # ----------------------------------------------------------------------------------------- saving
     def save(

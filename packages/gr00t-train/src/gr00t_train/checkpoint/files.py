@@ -3,9 +3,10 @@ loads that accept tensors and plain containers only (refused in our words), and 
 
 Pickles are written without torch.save's CRC-32 of every zip record: it is computed in the writing thread,
 0.22 s per GB on dev-cpu (`benchmarks/probes/checkpoint_write.py`: a 3.2 GB optimizer file's torch.save 1.40
--> 0.70 s; about 4 s of an n1.6-3b save's 19.4 GB at that rate), while the checkpoint's manifest already holds a SHA-256 of every file, which resume checks, and torch.load
-does not read the CRC (an outside unzip of a .pt file would warn of it). torch keeps the switch per thread:
-set around our writes, it changes no other torch.save."""
+-> 0.70 s; about 4 s of an n1.6-3b save's 19.4 GB at that rate), while the checkpoint's manifest already
+holds a SHA-256 of every file, which resume checks, and torch.load does not read the CRC (an outside unzip of
+a .pt file would warn of it). torch keeps the switch per thread: set around our writes, it changes no other
+torch.save."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..metrics.startup import compile_cache_counts
 from . import compile_cache_files
 
 ARTIFACTS = "torch.bin"
@@ -72,13 +73,7 @@ class CompileCache:
             return cache
         cache.loaded_bytes = cache.path.stat().st_size
         cache.files = compile_cache_files.restore(extra)
-        log.info(
-            "compile cache %s loaded (%.1f MB; %s; written here: %s)",
-            cache.path,
-            cache.loaded_bytes / 1e6,
-            _count(info),
-            _files(cache.files),
-        )
+        cache._say("loaded", cache.loaded_bytes, info, "written here: ")
         return cache
 
     def after_first_step(self, write: bool) -> None:
@@ -116,12 +111,14 @@ class CompileCache:
             return
         self.saved_bytes = self.path.stat().st_size
         self.files = compile_cache_files.count(extra)
+        self._say("written", self.saved_bytes, info)
+
+    def _say(self, done: str, size: int, info, files_are: str = "") -> None:
+        artifacts = getattr(info, "artifacts", None) or {}
+        entries = ", ".join(f"{len(keys)} {kind}" for kind, keys in artifacts.items()) or "no entries"
+        files = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in self.files.items())
         log.info(
-            "compile cache %s written (%.1f MB; %s; %s)",
-            self.path,
-            self.saved_bytes / 1e6,
-            _count(info),
-            _files(self.files),
+            "compile cache %s %s (%.1f MB; %s; %s%s)", self.path, done, size / 1e6, entries, files_are, files
         )
 
     def facts(self) -> dict:
@@ -135,8 +132,8 @@ class CompileCache:
 
 def _compiled_anew() -> bool:
     """Whether this process compiled a graph its caches did not hold (FX graph or AOTAutograd misses)."""
-    counters = torch._dynamo.utils.counters
-    return bool(counters["inductor"]["fxgraph_cache_miss"] or counters["aot_autograd"]["autograd_cache_miss"])
+    counts = compile_cache_counts()
+    return bool(counts.get("fx_graph_miss") or counts.get("aot_autograd_miss"))
 
 
 def _read(path: Path) -> tuple[bytes, dict[str, bytes]]:
@@ -152,12 +149,3 @@ def _read(path: Path) -> tuple[bytes, dict[str, bytes]]:
     if ARTIFACTS not in files:
         return data, {}
     return files.pop(ARTIFACTS), files
-
-
-def _files(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items())
-
-
-def _count(info) -> str:
-    artifacts = getattr(info, "artifacts", None) or {}
-    return ", ".join(f"{len(keys)} {kind}" for kind, keys in artifacts.items()) or "no entries"

@@ -135,9 +135,9 @@ def restore(files: dict[str, bytes]) -> dict[str, int]:
             folders.setdefault(parts[1], {})[parts[2]] = data
         else:
             log.warning("compile cache: %r is no file this version restores; skipped", name)
-    base = _triton_cache_dir() if folders else None
-    for folder, contents in folders.items():
-        if base is not None:
+    base = _triton_cache_dir()  # None without Triton: its kernels would serve nothing here
+    if base is not None:
+        for folder, contents in folders.items():
             written["triton_kernels"] += _write_triton_folder(base, folder, contents)
     return written
 
