@@ -115,6 +115,28 @@ def _steps_seconds(folder: Path) -> float:
     return sum(float(r["step_time_s"]) for r in steps[1:])
 
 
+def split_other(
+    other: float, summary: dict, steps_s: float, stalls: list[float], validation_s: float
+) -> dict:
+    """The job's rest (`other_s`) by part, from summary.json's `session_parts_s` (gr00t_train's Trainer)."""
+    session = summary.get("session_parts_s") or {}
+    final = sum((summary.get("checkpoint_final_wait_s") or {}).values())
+    after_first = session.get("after_first_step", 0.0)
+    parts = {
+        "after_first_step": after_first,
+        "of_it_compile_cache_write": session.get("compile_cache_write", 0.0),
+    }
+    if "loop_after_first_step" in session:
+        inside = after_first + steps_s + sum(stalls) + validation_s + final
+        parts["between_steps"] = max(0.0, session["loop_after_first_step"] - inside)
+    parts["final_save_wait"] = final
+    parts["end"] = sum(v for k, v in session.items() if k.startswith("end_"))
+    parts["after_summary"] = float(summary.get("after_summary_s") or 0.0)
+    counted = sum(v for k, v in parts.items() if not k.startswith("of_it"))
+    parts["unattributed"] = other - counted
+    return {k: round(v, 3) for k, v in parts.items()}
+
+
 def describe_parts(parts: dict) -> str:
     """'settle 0.000 s, ... (staging: pool_wait 0.000 s, ...)', as the training log writes it."""
     laps = ", ".join(f"{k} {v:.3f} s" for k, v in parts.items() if not isinstance(v, dict))
@@ -229,6 +251,10 @@ def main() -> None:
         # of it: before the interpreter's exit (the rest is the exit: atexit handlers, CUDA's teardown)
         "after_summary_in_process_s": summary["after_summary_in_process_s"],
         "other_s": other,
+        # other_s by part: the host work after the first step (of it the compile cache's write), the GPU idling
+        # between later steps while the host works (step times are CUDA events), the final save's wait, the
+        # end (model release, pipeline shutdown), the process after summary.json; the rest is unattributed
+        "other_parts_s": split_other(other, summary, steps_s, stalls, validation_s),
         "non_step_share": (wall - steps_s) / wall,
         "samples_per_s_job": samples / wall,
         "samples_per_s_steady": summary["samples_per_s"],
@@ -274,11 +300,10 @@ def main() -> None:
     )
     final = result["checkpoint_final_wait_s"] or {}
     print(
-        "rest: final save's wait "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in final.items())
-        + f"; after summary.json {result['after_summary_s']:.1f} s"
-        + f" (in the process {result['after_summary_in_process_s'] or 0:.1f} s, then its exit)"
-    )
+        "rest: " + ", ".join(f"{k} {v:.1f} s" for k, v in result["other_parts_s"].items())
+        + "; the final save's wait " + ", ".join(f"{k} {v:.1f} s" for k, v in final.items())
+        + f"; after summary.json in the process {result['after_summary_in_process_s'] or 0:.1f} s, then its exit"
+    )  # fmt: skip
     if fresh:
         print(f"start-up on a fresh host with the compile cache file: {result['startup_fresh_s']:.1f} s "
               f"({result['compile_cache']})")  # fmt: skip

@@ -39,7 +39,7 @@ from .data.component import DataComponent
 from .metrics.component import MetricsComponent
 from .metrics.records import RunSummary
 from .metrics.startup import clock as startup_clock
-from .metrics.timing import StepTimer
+from .metrics.timing import LapClock, StepTimer
 from .model.component import ModelComponent
 from .run_folder.folder import RunClaim, claim_run
 from .validation.component import ValidationComponent
@@ -95,6 +95,7 @@ class Trainer:
         self.samples_seen = 0
         self.first_step_s: float | None = None
         """Seconds of the first step of the session: compilation and graph capture happen there."""
+        self._first_step_end = 0.0  # perf_counter() at the end of the first step
         self.started_at: float | None = None
         """perf_counter() when the run began (set by run_training): start-up is counted from it."""
         self.startup_s: float | None = None
@@ -105,6 +106,10 @@ class Trainer:
         after step 1 is logged beside its prediction and both go into summary.json."""
         self.step_callback: Callable[[], None] | None = None
         """Called after every step (e.g. a profiler's step())."""
+        self.session_parts_s: dict[str, float] = {}
+        """Host seconds around the steps (summary.json's `session_parts_s`): the work after the first step
+        (of it the compile cache's write), the loop's wall time after the first step, and the end's parts.
+        Step times are CUDA events: the GPU idling between steps while the host works shows only here."""
         self.out_dir = Path(cfg.output_dir)
 
     # ------------------------------------------------------------------------------------------ run
@@ -129,21 +134,29 @@ class Trainer:
             self.step, self.samples_seen = self.checkpoint.resume(run.resume_from)
         start = self.step
         self.metrics.open(start)
+        end = LapClock()  # the end's parts (summary.json's session_parts_s), restarted when the loop is over
         try:
             self.checks.stop.install()
             self.train()
+            end = LapClock()
             self.model.wait_for_update()
             self.checkpoint.wait()  # a background write still in flight (checkpoint.async_save)
+            end.lap("end_write_wait")
         except BaseException:  # a write in flight may finish; the run's own error wins
             self.checkpoint.abandon()
             raise
         finally:
             self.checks.stop.restore()
             self.model.release()  # before the process group can go: graphs hold its collectives
+            end.lap("end_model_release")
             self.metrics.close()
+            end.lap("end_metrics_close")
             self.data.close()
+            end.lap("end_data_close")
             if self.parts.close is not None:
                 self.parts.close()
+            end.lap("end_parts_close")
+            self.session_parts_s.update(end.laps)
         if not self.metrics.records:
             raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")
         summary = self.metrics.summary(self.checks.skipped)
@@ -157,7 +170,13 @@ class Trainer:
         """The training loop, from `self.step` to `cfg.steps`. Nothing in it waits for the device except the
         flush of a logging window (every `logging.every` steps), a validation, a checkpoint and the first
         step."""
-        cfg, timer = self.cfg, self.metrics.timer
+        try:
+            self._loop(self.cfg, self.metrics.timer)
+        finally:
+            if self.first_step_s is not None:  # the steps after the first, their saves and validations
+                self.session_parts_s["loop_after_first_step"] = time.perf_counter() - self._first_step_end
+
+    def _loop(self, cfg: TrainConfig, timer: StepTimer) -> None:
         for step in range(self.step, cfg.steps):
             timer.begin_step()
             lr = self.model.set_lr(step)
@@ -168,6 +187,7 @@ class Trainer:
                 if self.first_step_s is None:
                     self._first_step_done(started)
                     self.checkpoint.reserve_staging()  # once compiled and captured: see its docstring
+                    self.session_parts_s["after_first_step"] = time.perf_counter() - self._first_step_end
             except torch.cuda.OutOfMemoryError as err:
                 raise BatchTooLargeError(
                     step + 1, cfg.data.batch_size, cfg.optim.grad_accum, str(self.env.device), str(err)
@@ -249,7 +269,7 @@ class Trainer:
         self.model.wait_for_update()
         if self.env.device.type == "cuda":
             torch.cuda.synchronize(self.env.device)
-        now = time.perf_counter()
+        now = self._first_step_end = time.perf_counter()
         self.first_step_s = now - started
         if self.memory_plan is not None:
             self.memory_plan.after_first_step(self.env)
@@ -258,6 +278,7 @@ class Trainer:
             startup_clock.first_step(self.first_step_s, self.model.graphed_step.report.capture_seconds)
         if self.model.compile_cache is not None:  # after the clock: its write is no part of start-up
             self.model.compile_cache.after_first_step(write=self.env.is_main)
+            self.session_parts_s["compile_cache_write"] = time.perf_counter() - now
 
     # --------------------------------------------------------------------------------------- report
     def run_facts(self) -> dict[str, Any]:
@@ -279,6 +300,7 @@ class Trainer:
             "compiled_blocks": self.model.compiled_blocks,
             "compile_cache": cache.facts() if (cache := self.model.compile_cache) is not None else None,
             "peak_memory_gib": peak,
+            "session_parts_s": {k: round(v, 4) for k, v in self.session_parts_s.items()},
             **self.parts.facts,
         }
 

@@ -60,23 +60,6 @@ class BackgroundWrite:
         return not self._thread.is_alive()
 
 
-class LapClock:
-    """Consecutive parts of a save's stall or write: `lap(name)` books the seconds since the last lap under
-    `name`."""
-
-    def __init__(self) -> None:
-        self.started = self._last = time.perf_counter()
-        self.laps: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
-        self._last = now
-
-    def total(self) -> float:
-        return self._last - self.started
-
-
 def describe_parts(parts: dict[str, Any]) -> str:
     """'settle 0.000 s, finite_check 0.210 s, ... (staging: pool_wait 0.000 s, ...)' for the log."""
     laps = ", ".join(f"{k} {v:.3f} s" for k, v in parts.items() if not isinstance(v, dict))

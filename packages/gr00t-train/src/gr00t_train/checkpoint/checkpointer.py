@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CheckpointError
-from .async_save import LapClock
+from ..metrics.timing import LapClock
 from .files import _fsync_dir, _fsync_tree, _torch_load, _torch_save, _write_json
 from .manifest import MANIFEST, check_manifest, write_manifest
 from .save_errors import save_error

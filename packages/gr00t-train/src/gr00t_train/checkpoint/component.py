@@ -30,8 +30,9 @@ from ..config.sections import TrainConfig
 from ..data.component import DataComponent
 from ..data.fingerprint import meta_digest, write_fingerprint
 from ..data.mixture import run_fingerprint
+from ..metrics.timing import LapClock
 from ..model.component import ModelComponent
-from .async_save import BackgroundWrite, LapClock, SaveLog, describe_parts
+from .async_save import BackgroundWrite, SaveLog, describe_parts
 from .base import describe as describe_base
 from .checkpointer import DATASET_FINGERPRINT, TRAIN_CONFIG, Checkpointer, read_trainer_state, step_dir_name
 from .host_pool import ALIGN, CHUNK_BYTES, nbytes

@@ -79,3 +79,20 @@ class StepTimer:
         """Finish the step; returns its (possibly still unresolved) times."""
         self._store("step", self._step_start, self._mark())
         return self._current
+
+
+class LapClock:
+    """Consecutive parts of some host work (a save's stall or write, the session's end): `lap(name)` books
+    the seconds since the last lap under `name`."""
+
+    def __init__(self) -> None:
+        self.started = self._last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def total(self) -> float:
+        return self._last - self.started
