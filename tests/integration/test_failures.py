@@ -132,15 +132,16 @@ from pathlib import Path
 import gr00t_train.checkpoint.checkpointer as ck
 from gr00t_train.cli import main
 
-real = ck._fsync_tree
+real = ck.Seal.finish
 saves = []
-def fsync_then_hang(folder):
-    real(folder)
-    saves.append(folder)
+def seal_then_hang(seal, extra):
+    manifest = real(seal, extra)
+    saves.append(seal.folder)
     if len(saves) == 2:  # the second checkpoint is complete on disk but not yet renamed into place
-        Path({marker!r}).write_text(str(folder))
+        Path({marker!r}).write_text(str(seal.folder))
         time.sleep(600)
-ck._fsync_tree = fsync_then_hang
+    return manifest
+ck.Seal.finish = seal_then_hang
 sys.exit(main({argv!r}))
 """
 

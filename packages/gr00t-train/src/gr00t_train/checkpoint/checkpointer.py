@@ -28,16 +28,17 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._errors import CheckpointError
 from ..metrics.timing import LapClock
-from .files import _fsync_dir, _fsync_tree, _torch_load, _torch_save, _write_json
-from .manifest import MANIFEST, check_manifest, write_manifest
+from .files import _fsync_dir, _torch_load, _torch_save, _write_json
+from .manifest import MANIFEST, check_manifest
 from .save_errors import save_error
+from .sealing import Seal
 
 log = logging.getLogger(__name__)
 
@@ -155,21 +156,26 @@ class Checkpointer:
             if self.rank != 0:
                 (tmp / _DONE.format(self.rank)).touch()
                 return final
-            _torch_save(optimizer_state, tmp / "optimizer.pt")
-            clock.lap("optimizer")
-            write_model(tmp)
-            clock.lap("model")
-            _write_json(tmp / TRAIN_CONFIG, config)
-            _write_json(tmp / TRAINER_STATE, {**trainer_state, "run_id": self.run_id})
-            clock.lap("json")
-            self._wait_for_ranks(tmp, final, world_size)
-            clock.lap("other_ranks")
-            write_manifest(tmp, {"step": step, "run_id": self.run_id})  # hashes what is on disk
-            clock.lap("manifest")
-            _fsync_tree(tmp)
-            clock.lap("fsync")
-            self._publish(tmp, final)
-            clock.lap("publish")
+            with self._pruning_beside(final), Seal(tmp) as seal:
+                seal.add(tmp / rank_file_name(0))
+                _torch_save(optimizer_state, tmp / "optimizer.pt")
+                seal.add(tmp / "optimizer.pt")  # hashed and flushed while the model is written
+                clock.lap("optimizer")
+                write_model(tmp)
+                clock.lap("model")
+                _write_json(tmp / TRAIN_CONFIG, config)
+                _write_json(tmp / TRAINER_STATE, {**trainer_state, "run_id": self.run_id})
+                seal.add_rest(but=_other_ranks_part)
+                clock.lap("json")
+                self._wait_for_ranks(tmp, final, world_size)
+                clock.lap("other_ranks")
+                seal.add_rest()
+                seal.hashed()
+                clock.lap("manifest")
+                seal.finish({"step": step, "run_id": self.run_id})
+                clock.lap("fsync")
+                self._publish(tmp, final)
+                clock.lap("publish")
             self._prune()
             clock.lap("prune")
         except Exception as err:
@@ -241,10 +247,30 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         log.info("saved checkpoint %s", final)
 
-    def _prune(self) -> None:
-        for path in self.all(self.run_id)[: -self.keep_last]:
+    def _prune(self, keep: int | None = None, besides: Path | None = None) -> None:
+        """Remove this run's checkpoints but the newest `keep` (keep_last), not counting `besides`."""
+        mine = [p for p in self.all(self.run_id) if p != besides]
+        for path in mine[: -(keep or self.keep_last)]:
             shutil.rmtree(path, ignore_errors=True)
             log.info("removed old checkpoint %s (checkpoint.keep_last=%d)", path, self.keep_last)
+
+    @contextlib.contextmanager
+    def _pruning_beside(self, final: Path) -> Iterator[None]:
+        """While the block writes `final`, remove in a thread the checkpoints it will push past keep_last:
+        the disk never holds more than keep_last of this run's checkpoints, and deleting a 20 GB folder
+        (seconds: the kernel drops its cached pages) runs beside the write instead of after it. With
+        keep_last=1 the old checkpoint stays until the new one is in place (`_prune` after the block)."""
+        if self.keep_last < 2:
+            yield
+            return
+        thread = threading.Thread(
+            target=self._prune, args=(self.keep_last - 1, final), name="gr00t-train-prune", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
 
     def remove_partial(self) -> list[Path]:
         """Delete leftovers of this run's saves that were killed before completing (rank 0); returns what was
@@ -327,6 +353,11 @@ class Checkpointer:
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
     """A checkpoint's trainer_state.json (step, samples seen, world size, global batch, schedule)."""
     return json.loads((Path(path) / TRAINER_STATE).read_text())
+
+
+def _other_ranks_part(path: Path) -> bool:
+    """A file another rank writes into the temporary folder (its state, or a marker), maybe still growing."""
+    return path.name.startswith(".") or (path.name.startswith("rank") and path.name != rank_file_name(0))
 
 
 def rank_file_name(rank: int) -> str:

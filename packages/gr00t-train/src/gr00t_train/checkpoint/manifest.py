@@ -21,11 +21,12 @@ FORMAT = 1
 _BLOCK = 64 * 2**20
 
 
-def _block_digest(path: Path, offset: int, size: int) -> bytes:
+def block_digest(path: Path, offset: int) -> bytes:
+    """The SHA-256 of the block of `path` that begins at `offset`."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         f.seek(offset)
-        left = size
+        left = _BLOCK
         while left > 0:
             chunk = f.read(min(left, 4 * 2**20))
             if not chunk:
@@ -35,30 +36,42 @@ def _block_digest(path: Path, offset: int, size: int) -> bytes:
     return digest.digest()
 
 
+def block_offsets(size: int) -> range:
+    """Where the blocks of a file of `size` bytes begin (an empty file has one, empty)."""
+    return range(0, max(size, 1), _BLOCK)
+
+
+def combine_blocks(blocks: list[bytes]) -> str:
+    """A file's hex digest from its blocks' digests, in order."""
+    return hashlib.sha256(b"".join(blocks)).hexdigest()
+
+
 def file_digests(files: list[Path]) -> dict[Path, tuple[int, str]]:
     """(size in bytes, hex digest) of each file, hashed block by block on a thread pool."""
     sizes = {path: path.stat().st_size for path in files}
-    jobs = [(path, offset) for path in files for offset in range(0, max(sizes[path], 1), _BLOCK)]
+    jobs = [(path, offset) for path in files for offset in block_offsets(sizes[path])]
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(jobs)))) as pool:
-        blocks = list(pool.map(lambda job: _block_digest(job[0], job[1], _BLOCK), jobs))
-    out: dict[Path, tuple[int, str]] = {}
+        blocks = list(pool.map(lambda job: block_digest(*job), jobs))
     per_file: dict[Path, list[bytes]] = {}
     for (path, _), block in zip(jobs, blocks):
         per_file.setdefault(path, []).append(block)
-    for path in files:
-        out[path] = (sizes[path], hashlib.sha256(b"".join(per_file[path])).hexdigest())
-    return out
+    return {path: (sizes[path], combine_blocks(per_file[path])) for path in files}
+
+
+def manifest_text(extra: dict[str, Any], entries: dict[str, dict[str, Any]]) -> str:
+    """manifest.json's text: `extra` (step, run id) and each file's {"bytes", "sha256"} by relative name."""
+    return json.dumps({"format": FORMAT, **extra, "files": entries}, indent=1) + "\n"
 
 
 def write_manifest(folder: Path, extra: dict[str, Any]) -> Path:
     """Record every file under `folder` (except the manifest itself) in `folder/manifest.json`."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    digests = file_digests(files)
     entries = {
-        str(p.relative_to(folder)): {"bytes": size, "sha256": digest} for p, (size, digest) in digests.items()
+        str(p.relative_to(folder)): {"bytes": size, "sha256": digest}
+        for p, (size, digest) in file_digests(files).items()
     }
     path = folder / MANIFEST
-    path.write_text(json.dumps({"format": FORMAT, **extra, "files": entries}, indent=1) + "\n")
+    path.write_text(manifest_text(extra, entries))
     return path
 
 
