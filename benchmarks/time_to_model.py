@@ -115,6 +115,32 @@ def _steps_seconds(folder: Path) -> float:
     return sum(float(r["step_time_s"]) for r in steps[1:])
 
 
+def idle_between_steps(folder: Path, every: int, writes_s: list[float]) -> dict:
+    """The seconds between steps (metrics.jsonl's between_steps_s: on CUDA the device idle) by where they
+    fall: the first step after a save or validation (the stall, the validation), the steps while a background
+    write ran (for its write_s of the steps' time), and the rest; with the mean per step of the last two."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    seconds = dict.fromkeys(("after_save_or_validation", "during_writes", "elsewhere"), 0.0)
+    counts = dict.fromkeys(seconds, 0)
+    writes, write_left = iter(writes_s), 0.0
+    for row in (r for r in rows if r.get("kind") != "val"):
+        between = float(row.get("between_steps_s", 0.0))
+        if every and row["step"] > 1 and (row["step"] - 1) % every == 0:
+            where, write_left = "after_save_or_validation", next(writes, 0.0)
+        elif write_left > 0:
+            where = "during_writes"
+            write_left -= float(row["step_time_s"]) + between
+        else:
+            where = "elsewhere"
+        seconds[where] += between
+        counts[where] += 1
+    out: dict = {k: round(v, 3) for k, v in seconds.items()}
+    for where in ("during_writes", "elsewhere"):
+        out[f"{where}_steps"] = counts[where]
+        out[f"{where}_ms_per_step"] = round(1000 * seconds[where] / max(1, counts[where]), 3)
+    return out
+
+
 def split_other(
     other: float, summary: dict, steps_s: float, stalls: list[float], validation_s: float
 ) -> dict:
@@ -165,9 +191,10 @@ def main() -> None:
     args = parse()
     args.out.mkdir(parents=True, exist_ok=True)
     caches = Path(tempfile.mkdtemp(prefix="compile-caches-", dir=args.out))  # empty: the first run is cold
-    # keep_last=1: a save of n1.6-3b is 19.4 GB, and the newest one plus the one being written must fit the
-    # GPU host's 64 GB scratch disk next to the dataset and caches
-    job = [f"checkpoint.every={args.every}", f"eval.every={args.eval_every}", "checkpoint.keep_last=1"]
+    # a save of n1.6-3b is 22 GB: two of them fit the GPU hosts' 64 GB scratch disk beside the dataset and
+    # caches. keep_last=2 holds two at most (a save removes the one it pushes out beside its write), as
+    # keep_last=1 does (the old one stays until the new one is in place)
+    job = [f"checkpoint.every={args.every}", f"eval.every={args.eval_every}", "checkpoint.keep_last=2"]
     bytecode_s = None if args.no_bytecode else precompile_bytecode(caches / "pycache")
     compile_cache = args.out / "compile_cache.bin"
     compile_cache.unlink(missing_ok=True)
@@ -255,6 +282,11 @@ def main() -> None:
         # between later steps while the host works (step times are CUDA events), the final save's wait, the
         # end (model release, pipeline shutdown), the process after summary.json; the rest is unattributed
         "other_parts_s": split_other(other, summary, steps_s, stalls, validation_s),
+        # the seconds between steps, step by step (metrics.jsonl): after saves and validations, while the
+        # background writes ran, elsewhere
+        "between_steps_s": idle_between_steps(
+            args.out / "job", args.every, summary.get("checkpoint_write_s") or []
+        ),
         "non_step_share": (wall - steps_s) / wall,
         "samples_per_s_job": samples / wall,
         "samples_per_s_steady": summary["samples_per_s"],
@@ -304,6 +336,7 @@ def main() -> None:
         + "; the final save's wait " + ", ".join(f"{k} {v:.1f} s" for k, v in final.items())
         + f"; after summary.json in the process {result['after_summary_in_process_s'] or 0:.1f} s, then its exit"
     )  # fmt: skip
+    print("between steps: " + ", ".join(f"{k} {v}" for k, v in result["between_steps_s"].items()))
     if fresh:
         print(f"start-up on a fresh host with the compile cache file: {result['startup_fresh_s']:.1f} s "
               f"({result['compile_cache']})")  # fmt: skip

@@ -1,13 +1,17 @@
 """summary.json's session_parts_s: the host seconds around the steps (after the first step, the loop after it,
-the end's parts), and benchmarks/time_to_model.py's split of a job's rest by them."""
+the end's parts), the seconds between steps per step, and benchmarks/time_to_model.py's split of a job's rest."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import time
 
+import torch
 from _boundaries import REPO
 from gr00t_train import Trainer
+from gr00t_train.metrics.records import Throughput, summarize
+from gr00t_train.metrics.timing import StepTimer
 
 
 def _time_to_model():
@@ -32,6 +36,26 @@ def test_session_parts_cover_the_loop_after_the_first_step_and_the_end(tmp_path,
     # on CPU a step's time is the host's clock inside the loop: the loop after step 1 holds steps 2-4
     assert parts["loop_after_first_step"] >= later_steps > 0
     assert parts["loop_after_first_step"] >= parts["after_first_step"]
+    steps = [r for r in rows if r.get("kind") != "val"]
+    between = [r["between_steps_s"] for r in steps]
+    assert between[0] == 0.0 and all(b > 0 for b in between[1:])  # the loop's host work between steps
+    assert summary["between_steps_s"] == sum(between)
+    assert parts["loop_after_first_step"] >= later_steps + sum(between[1:])
+
+
+def test_the_time_between_steps_is_apart_from_the_steps() -> None:
+    timer = StepTimer(torch.device("cpu"))
+    throughput = Throughput(samples_per_step=4)
+    records = []
+    for pause in (0.0, 0.05, 0.0):
+        time.sleep(pause)
+        timer.begin_step()
+        time.sleep(0.01)
+        records.append(throughput.record(len(records) + 1, 1.0, 1e-4, None, timer.end_step().seconds()))
+    assert records[0].between_steps_s == 0.0  # none before the session's first step
+    assert records[1].between_steps_s >= 0.05 > records[1].step_time_s >= 0.01
+    assert records[2].between_steps_s < 0.05
+    assert summarize(records, 1, throughput).between_steps_s == sum(r.between_steps_s for r in records)
 
 
 def test_the_jobs_rest_splits_by_part_and_names_what_is_unattributed() -> None:
@@ -52,3 +76,18 @@ def test_the_jobs_rest_splits_by_part_and_names_what_is_unattributed() -> None:
     }  # fmt: skip
     older = split(30.0, {"after_summary_s": 6.0}, steps_s=120.0, stalls=[], validation_s=0.0)
     assert "between_steps" not in older and older["unattributed"] == 24.0  # a summary without the parts
+
+
+def test_the_seconds_between_steps_split_by_saves_and_writes(tmp_path) -> None:
+    rows = [{"step": s, "step_time_s": 1.0, "between_steps_s": 0.1} for s in range(1, 11)]
+    rows[0]["between_steps_s"] = 0.0
+    rows[4]["between_steps_s"] = 3.0  # step 5: after the save (and validation) of step 4
+    rows.insert(5, {"kind": "val", "step": 4})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    split = _time_to_model().idle_between_steps(tmp_path, every=4, writes_s=[2.0, 0.0])
+    # the write of 2 s covers steps 6 and 7 (1.1 s each); step 9 follows the save of step 8 (no write left)
+    assert split == {
+        "after_save_or_validation": 3.1, "during_writes": 0.2, "elsewhere": 0.1 * 5,
+        "during_writes_steps": 2, "during_writes_ms_per_step": 100.0,
+        "elsewhere_steps": 6, "elsewhere_ms_per_step": round(1000 * 0.5 / 6, 3),
+    }  # fmt: skip

@@ -39,6 +39,8 @@ class StepRecord:
     comm_s: float
     optimizer_s: float
     optimizer_overlapped_s: float = 0.0
+    between_steps_s: float = 0.0
+    """Since the previous step of the session ended (`StepTimer.begin_step`); not part of step_time_s."""
 
 
 @dataclass
@@ -61,7 +63,8 @@ class Throughput:
             else None
         )
         phases = {f"{name}_s": times[name] for name in PHASES}
-        return StepRecord(step, loss, lr, grad_norm, dt, sps, tokens, mfu, **phases)
+        between = times.get("between_steps", 0.0)
+        return StepRecord(step, loss, lr, grad_norm, dt, sps, tokens, mfu, **phases, between_steps_s=between)
 
 
 def peak_flops_for(device_name: str, override_tflops: float | None) -> float | None:
@@ -94,6 +97,9 @@ class RunSummary:
     """Host-to-device copy + device transform per step, on the pipeline's own thread (overlapped)."""
     optimizer_overlapped_s: float = 0.0
     """GPU time of the optimizer step on its side stream, overlapping the next step (optimizer_overlap)."""
+    between_steps_s: float = 0.0
+    """Seconds between the session's steps, all of them (on CUDA: the device idle, waiting for the loop's
+    host work: saves' stalls, validations, log flushes, a host fallen behind); apart from step_time_s."""
     skipped_samples: int = 0
     """Samples whose video could not be read (decode error, another frame size, missing frames), replaced by others (all ranks, the whole run)."""
     validation: dict[str, Any] | None = None
@@ -166,6 +172,7 @@ def summarize(records: list[StepRecord], skip: int, throughput: Throughput) -> R
         breakdown_s=breakdown,
         h2d_s=sum(r.h2d_s for r in measured) / n,
         optimizer_overlapped_s=sum(r.optimizer_overlapped_s for r in measured) / n,
+        between_steps_s=sum(r.between_steps_s for r in records),
     )
 
 

@@ -43,6 +43,7 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self._nested = nested or {}
         self._current = StepTimes(self._nested)
+        self._last_end = None
 
     def _mark(self):
         if self.cuda:
@@ -58,9 +59,13 @@ class StepTimer:
             self._current._host[name] = self._current._host.get(name, 0.0) + (end - start)
 
     def begin_step(self) -> None:
-        """Start timing a new step."""
+        """Start timing a new step, and (`between_steps`) how long since the previous one ended: on CUDA, how
+        long the device sat idle for the loop's host work that no queued step hid (a save's stall, a
+        validation, a log flush, a host fallen behind)."""
         self._current = StepTimes(self._nested)
         self._step_start = self._mark()
+        if self._last_end is not None:
+            self._store("between_steps", self._last_end, self._step_start)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -77,7 +82,8 @@ class StepTimer:
 
     def end_step(self) -> StepTimes:
         """Finish the step; returns its (possibly still unresolved) times."""
-        self._store("step", self._step_start, self._mark())
+        self._last_end = self._mark()
+        self._store("step", self._step_start, self._last_end)
         return self._current
 
 
