@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gr00t_train.config.sections import LoggingConfig
+
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -115,27 +117,31 @@ def _steps_seconds(folder: Path) -> float:
     return sum(float(r["step_time_s"]) for r in steps[1:])
 
 
-def idle_between_steps(folder: Path, every: int, writes_s: list[float]) -> dict:
+def idle_between_steps(folder: Path, every: int, writes_s: list[float], flush_every: int) -> dict:
     """The seconds between steps (metrics.jsonl's between_steps_s: on CUDA the device idle) by where they
-    fall: the first step after a save or validation (the stall, the validation), the steps while a background
-    write ran (for its write_s of the steps' time), and the rest; with the mean per step of the last two."""
+    fall: the first step after a save or validation (the stall, the validation), the first after a log flush
+    (`logging.every`: the host syncs with the device), the steps while a background write ran (for its write_s
+    of the steps' time), and the rest; with the mean per step of the last three."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    seconds = dict.fromkeys(("after_save_or_validation", "during_writes", "elsewhere"), 0.0)
+    seconds = dict.fromkeys(("after_save_or_validation", "after_log_flush", "during_writes", "elsewhere"), 0.0)
     counts = dict.fromkeys(seconds, 0)
     writes, write_left = iter(writes_s), 0.0
     for row in (r for r in rows if r.get("kind") != "val"):
-        between = float(row.get("between_steps_s", 0.0))
-        if every and row["step"] > 1 and (row["step"] - 1) % every == 0:
+        between, done = float(row.get("between_steps_s", 0.0)), row["step"] - 1
+        if every and done > 0 and done % every == 0:
             where, write_left = "after_save_or_validation", next(writes, 0.0)
+        elif flush_every and done > 0 and done % flush_every == 0:
+            where = "after_log_flush"
         elif write_left > 0:
             where = "during_writes"
-            write_left -= float(row["step_time_s"]) + between
         else:
             where = "elsewhere"
+        if where != "after_save_or_validation" and write_left > 0:
+            write_left -= float(row["step_time_s"]) + between
         seconds[where] += between
         counts[where] += 1
     out: dict = {k: round(v, 3) for k, v in seconds.items()}
-    for where in ("during_writes", "elsewhere"):
+    for where in ("after_log_flush", "during_writes", "elsewhere"):
         out[f"{where}_steps"] = counts[where]
         out[f"{where}_ms_per_step"] = round(1000 * seconds[where] / max(1, counts[where]), 3)
     return out
@@ -285,7 +291,7 @@ def main() -> None:
         # the seconds between steps, step by step (metrics.jsonl): after saves and validations, while the
         # background writes ran, elsewhere
         "between_steps_s": idle_between_steps(
-            args.out / "job", args.every, summary.get("checkpoint_write_s") or []
+            args.out / "job", args.every, summary.get("checkpoint_write_s") or [], LoggingConfig().every
         ),
         "non_step_share": (wall - steps_s) / wall,
         "samples_per_s_job": samples / wall,

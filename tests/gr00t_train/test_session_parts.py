@@ -84,10 +84,12 @@ def test_the_seconds_between_steps_split_by_saves_and_writes(tmp_path) -> None:
     rows[4]["between_steps_s"] = 3.0  # step 5: after the save (and validation) of step 4
     rows.insert(5, {"kind": "val", "step": 4})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    split = _time_to_model().idle_between_steps(tmp_path, every=4, writes_s=[2.0, 0.0])
-    # the write of 2 s covers steps 6 and 7 (1.1 s each); step 9 follows the save of step 8 (no write left)
+    split = _time_to_model().idle_between_steps(tmp_path, every=4, writes_s=[2.0, 0.0], flush_every=3)
+    # steps 4, 7 and 10 follow flushes; the write of 2 s covers steps 6 and 7 (1.1 s each; 7 counts as after
+    # its flush); step 9 follows the save of step 8 (no write left); steps 1, 2, 3 and 8 are the rest
     assert split == {
-        "after_save_or_validation": 3.1, "during_writes": 0.2, "elsewhere": 0.1 * 5,
-        "during_writes_steps": 2, "during_writes_ms_per_step": 100.0,
-        "elsewhere_steps": 6, "elsewhere_ms_per_step": round(1000 * 0.5 / 6, 3),
+        "after_save_or_validation": 3.1, "after_log_flush": 0.3, "during_writes": 0.1, "elsewhere": 0.3,
+        "after_log_flush_steps": 3, "after_log_flush_ms_per_step": 100.0,
+        "during_writes_steps": 1, "during_writes_ms_per_step": 100.0,
+        "elsewhere_steps": 4, "elsewhere_ms_per_step": 75.0,
     }  # fmt: skip
