@@ -109,20 +109,23 @@ class HostPool:
             while self.capacity < total:
                 self._allocate(min(CHUNK_BYTES, max(ALIGN, 1 << (total - self.capacity - 1).bit_length())))
 
-    def reserve_for(self, sizes: Sequence[int]) -> None:
-        """Hold the chunks that slots of `sizes` bytes, taken in this order after a `rewind`, fit in."""
+    def reserve_for(self, sizes: Sequence[int], pause_s: float = 0.0) -> None:
+        """Hold the chunks that slots of `sizes` bytes, taken in this order after a `rewind`, fit in; with
+        `pause_s`, sleeping that long after each chunk (`reserve_in_background`)."""
         with self._lock:
             for size in plan_chunks([c.numel() for c in self._chunks], sizes):
                 self._allocate(size)
+                time.sleep(pause_s)
 
-    def reserve_in_background(self, sizes: Sequence[int]) -> None:
-        """`reserve_for(sizes)` in a daemon thread (pinning is slow; the loop goes on); `rewind` waits for it."""
+    def reserve_in_background(self, sizes: Sequence[int], pause_s: float = 0.0) -> None:
+        """`reserve_for(sizes, pause_s)` in a daemon thread (pinning is slow; the loop goes on); `rewind` waits
+        for it."""
         self.join()
 
         def run() -> None:
             started = time.perf_counter()
             try:
-                self.reserve_for(sizes)
+                self.reserve_for(sizes, pause_s)
                 self.reserve_s = time.perf_counter() - started
                 log.info("checkpoint staging: %.1f GB of %s host memory reserved in %.1f s (in the background)",
                          self.capacity / 1e9, "pinned" if self.pinned else "pageable", self.reserve_s)  # fmt: skip

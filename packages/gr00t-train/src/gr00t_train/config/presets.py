@@ -54,7 +54,6 @@ def libero_config() -> TrainConfig:
         ),
         model=ModelConfig(preset="n1.6-3b"),
         checkpoint=CheckpointConfig(every=2_000, keep_last=3),
-        logging=LoggingConfig(every=20),
     )
 
 

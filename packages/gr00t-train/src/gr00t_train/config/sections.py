@@ -230,8 +230,10 @@ class CheckpointConfig(_Section):
 class LoggingConfig(_Section):
     """Progress bar, per-step JSONL, TensorBoard, end-of-run summary and plots."""
 
-    every: int = 10
-    """Steps between host synchronisations (loss check, progress bar, log flush)."""
+    every: int = 50
+    """Steps between host synchronisations (loss check, progress bar, log flush, a stop signal's agreement).
+    Each one drains the device's queue: n1.6-3b on an H100 sat idle about 24 ms after each (metrics.jsonl's
+    between_steps_s), 3.7% of its 64 ms steps at 10, 0.7% at 50 (a log line every ~3 s)."""
     progress: bool = True
     """Show a progress bar (main process only)."""
     tensorboard: bool = True
