@@ -1,11 +1,11 @@
 """Does the checkpoint pool's background pinning hold up the training loop? (CUDA only.) A loop of GEMM steps
 (CUDA events per step, a host sync every 10 steps, as the trainer's log flush) runs while `HostPool` pins
-`--gb` in a background thread, once with the chunks pinned back to back and once pausing `--pause` seconds
-after each chunk; and once without pinning. Per row: the loop's wall seconds against its steps' and gaps'
-device seconds (events; `lost_s`: the rest, where the device waited before the first step's event), the
-longest host iteration, and how long the pinning took.
+`--gb` in a background thread, once with the chunks pinned back to back and once resting `--rest` times
+as long as each chunk took (`host_pool.REST`); and once without pinning. Per row: the loop's wall seconds
+against its steps' and gaps' device seconds (events; `lost_s`: the rest, where the device waited before the
+first step's event), the longest host iteration, and how long the pinning took.
 
-    python benchmarks/probes/pinning_beside_steps.py --gb 24 --steps 1000 [--json OUT]
+    python benchmarks/probes/pinning_beside_steps.py --gb 24 --steps 1000 [--rest 1.0] [--json OUT]
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 import torch
-from gr00t_train.checkpoint.host_pool import CHUNK_BYTES, HostPool
+from gr00t_train.checkpoint.host_pool import CHUNK_BYTES, REST, HostPool
 
 
-def loop(steps: int, x: torch.Tensor, pool: HostPool | None, sizes: list[int], pause: float) -> dict:
+def loop(steps: int, x: torch.Tensor, pool: HostPool | None, sizes: list[int], rest: float) -> dict:
     torch.cuda.synchronize()
     marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     wall = time.perf_counter()
     if pool is not None:
-        pool.reserve_in_background(sizes, pause_s=pause)
+        pool.reserve_in_background(sizes, rest=rest)
     host_gaps = []
     last = time.perf_counter()
     for step in range(steps):
@@ -56,19 +56,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gb", type=float, default=24.0)
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--pause", type=float, default=0.02)
+    p.add_argument("--rest", type=float, default=REST)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) / 90
     sizes = [CHUNK_BYTES] * round(args.gb * 1e9 / CHUNK_BYTES)
     loop(20, x, None, sizes, 0.0)  # warm-up
     result = {"gb": args.gb, "steps": args.steps, "date": time.strftime("%Y-%m-%d"), "rows": {}}
-    for name, pool, pause in (
+    for name, pool, rest in (
         ("no_pinning", None, 0.0),
         ("pinning_back_to_back", HostPool(pinned=True), 0.0),
-        (f"pinning_pause_{args.pause}", HostPool(pinned=True), args.pause),
+        (f"pinning_rest_{args.rest}", HostPool(pinned=True), args.rest),
     ):
-        row = loop(args.steps, x, pool, sizes, pause)
+        row = loop(args.steps, x, pool, sizes, rest)
         if pool is not None:
             pool.close()
             torch._C._host_emptyCache()

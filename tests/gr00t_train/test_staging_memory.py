@@ -156,3 +156,16 @@ def test_a_snapshot_stays_inside_the_allocator_cap_and_the_memory_budget(monkeyp
     monkeypatch.setattr(cuda, "get_per_process_memory_fraction", _fraction(capped), raising=False)
     assert abs(device_room(device) - (18 * GiB - margin)) < 1024
     assert abs(device_room(device, budget_bytes=40 * GiB) - (10 * GiB - margin)) < 1024
+
+
+def test_a_background_reservation_rests_as_long_as_each_chunk_took(monkeypatch) -> None:
+    """Pinning holds the CUDA driver: between chunks the loop gets it back (`host_pool.REST`)."""
+    slept = []
+    monkeypatch.setattr(host_pool.time, "sleep", slept.append)
+    pool = HostPool(pinned=False)
+    pool.reserve_in_background([host_pool.CHUNK_BYTES // 4] * 6)  # two chunks (pageable, never touched)
+    pool.join()
+    assert len(slept) == len(pool._chunks) == 2 and all(s > 0 for s in slept)
+    pool.close()
+    pool.reserve_for([4096])  # in the caller's thread: no rest
+    assert slept[2:] == [0.0]

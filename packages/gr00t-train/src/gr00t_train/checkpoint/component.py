@@ -219,7 +219,8 @@ class CheckpointComponent:
         its first step has ended. Pinning 22 GB (n1.6-3b) holds the CUDA driver for about 11 s: from the run's
         start it held up the data pipeline's first batch by that much, and beside the first step it made graph
         capture 15 s slower (H200, 2026-12-04). After it, the reservation runs beside steps that only replay
-        graphs, and the first save waits for whatever is left of it."""
+        graphs, resting between chunks so that their launches get the driver (`host_pool.REST`), and the first
+        save waits for whatever is left of it."""
         if self._reserved:
             return
         self._reserved = True

@@ -32,6 +32,12 @@ the slots waste little: n1.6-3b's optimizer state holds tensors of up to ~135 MB
 256 MiB chunk empty (the checkpoint-stall probe pinned 38.7 GB for 19.5 GB of state)."""
 ALIGN = 4096
 """Slots start at multiples of this many bytes (page-aligned copies)."""
+REST = 1.0
+"""A background reservation sleeps this many times as long as each chunk took to pin. Pinning holds the CUDA
+driver, and chunk after chunk it never let go: on an H100 (2026-12-06, n1.6-3b, 23.6 GB in 11.5 s) the loop's
+first kernel launch after the first step waited for the whole reservation, the GPU idle (step 1's end event
+11-12 s late; steps 2-500 took 45.5 s of wall time against 33.3 s on the device). Resting as long as it
+pinned leaves the loop half the time to queue steps ahead; the reservation takes about twice as long."""
 
 
 def _round_up(n: int, to: int) -> int:
@@ -109,23 +115,24 @@ class HostPool:
             while self.capacity < total:
                 self._allocate(min(CHUNK_BYTES, max(ALIGN, 1 << (total - self.capacity - 1).bit_length())))
 
-    def reserve_for(self, sizes: Sequence[int], pause_s: float = 0.0) -> None:
-        """Hold the chunks that slots of `sizes` bytes, taken in this order after a `rewind`, fit in; with
-        `pause_s`, sleeping that long after each chunk (`reserve_in_background`)."""
+    def reserve_for(self, sizes: Sequence[int], rest: float = 0.0) -> None:
+        """Hold the chunks that slots of `sizes` bytes, taken in this order after a `rewind`, fit in; after
+        each chunk, sleeping `rest` times as long as it took (`reserve_in_background`)."""
         with self._lock:
             for size in plan_chunks([c.numel() for c in self._chunks], sizes):
+                started = time.perf_counter()
                 self._allocate(size)
-                time.sleep(pause_s)
+                time.sleep(rest * (time.perf_counter() - started))
 
-    def reserve_in_background(self, sizes: Sequence[int], pause_s: float = 0.0) -> None:
-        """`reserve_for(sizes, pause_s)` in a daemon thread (pinning is slow; the loop goes on); `rewind` waits
+    def reserve_in_background(self, sizes: Sequence[int], rest: float = REST) -> None:
+        """`reserve_for(sizes, rest)` in a daemon thread (pinning is slow; the loop goes on); `rewind` waits
         for it."""
         self.join()
 
         def run() -> None:
             started = time.perf_counter()
             try:
-                self.reserve_for(sizes, pause_s)
+                self.reserve_for(sizes, rest)
                 self.reserve_s = time.perf_counter() - started
                 log.info("checkpoint staging: %.1f GB of %s host memory reserved in %.1f s (in the background)",
                          self.capacity / 1e9, "pinned" if self.pinned else "pageable", self.reserve_s)  # fmt: skip
