@@ -148,9 +148,10 @@ def idle_between_steps(folder: Path, every: int, writes_s: list[float], flush_ev
 
 
 def split_other(
-    other: float, summary: dict, steps_s: float, stalls: list[float], validation_s: float
+    other: float, summary: dict, steps_s: float, stalls: list[float], validation_s: float, step1_late: float = 0.0
 ) -> dict:
-    """The job's rest (`other_s`) by part, from summary.json's `session_parts_s` (gr00t_train's Trainer)."""
+    """The job's rest (`other_s`) by part, from summary.json's `session_parts_s` (gr00t_train's Trainer); of
+    the loop's time between steps, `step1_late` (`step1_end_late`) apart."""
     session = summary.get("session_parts_s") or {}
     final = sum((summary.get("checkpoint_final_wait_s") or {}).values())
     after_first = session.get("after_first_step", 0.0)
@@ -160,13 +161,29 @@ def split_other(
     }
     if "loop_after_first_step" in session:
         inside = after_first + steps_s + sum(stalls) + validation_s + final
-        parts["between_steps"] = max(0.0, session["loop_after_first_step"] - inside)
+        between = max(0.0, session["loop_after_first_step"] - inside)
+        parts["before_step_2"] = min(step1_late, between)
+        parts["between_steps"] = between - parts["before_step_2"]
     parts["final_save_wait"] = final
     parts["end"] = sum(v for k, v in session.items() if k.startswith("end_"))
     parts["after_summary"] = float(summary.get("after_summary_s") or 0.0)
     counted = sum(v for k, v in parts.items() if not k.startswith("of_it"))
     parts["unattributed"] = other - counted
     return {k: round(v, 3) for k, v in parts.items()}
+
+
+def step1_end_late(folder: Path, summary: dict) -> float:
+    """How much later step 1's end event was recorded than the step ended: its event time less the host's
+    first step (`first_step_s`), the wait for its batch before it and the host work after it
+    (`after_first_step`: the compile cache file, the checkpoint pool's reservation started). What is left is
+    the loop's first launch after step 1 waiting (for the CUDA driver, which the pool's pinning holds)."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    first = next((r for r in rows if r.get("kind") != "val" and r["step"] == 1), None)
+    host = summary.get("first_step_s")
+    if first is None or host is None:
+        return 0.0
+    after = (summary.get("session_parts_s") or {}).get("after_first_step", 0.0)
+    return max(0.0, float(first["step_time_s"]) - host - float(first.get("data_wait_s", 0.0)) - after)
 
 
 def describe_parts(parts: dict) -> str:
@@ -284,10 +301,13 @@ def main() -> None:
         # of it: before the interpreter's exit (the rest is the exit: atexit handlers, CUDA's teardown)
         "after_summary_in_process_s": summary["after_summary_in_process_s"],
         "other_s": other,
-        # other_s by part: the host work after the first step (of it the compile cache's write), the GPU idling
-        # between later steps while the host works (step times are CUDA events), the final save's wait, the
-        # end (model release, pipeline shutdown), the process after summary.json; the rest is unattributed
-        "other_parts_s": split_other(other, summary, steps_s, stalls, validation_s),
+        # other_s by part: the host work after the first step (of it the compile cache's write), the loop's
+        # first launch after it waiting (`step1_end_late`), the GPU idling between later steps while the host
+        # works (step times are CUDA events), the final save's wait, the end (model release, pipeline
+        # shutdown), the process after summary.json; the rest is unattributed
+        "other_parts_s": split_other(
+            other, summary, steps_s, stalls, validation_s, step1_end_late(args.out / "job", summary)
+        ),
         # the seconds between steps, step by step (metrics.jsonl): after saves and validations, while the
         # background writes ran, elsewhere
         "between_steps_s": idle_between_steps(

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import time
 
+import pytest
 import torch
 from _boundaries import REPO
 from gr00t_train import Trainer
@@ -68,11 +69,12 @@ def test_the_jobs_rest_splits_by_part_and_names_what_is_unattributed() -> None:
         "checkpoint_final_wait_s": {"write": 16.0, "staging_release": 1.0},
         "after_summary_s": 6.0,
     }  # fmt: skip
-    parts = split(40.0, summary, steps_s=120.0, stalls=[0.5, 0.5], validation_s=2.0)
-    # between steps: 150 - (3 after step 1 + 120 steps + 1 stalls + 2 validation + 17 final wait) = 7
+    parts = split(40.0, summary, steps_s=120.0, stalls=[0.5, 0.5], validation_s=2.0, step1_late=4.0)
+    # between steps: 150 - (3 after step 1 + 120 steps + 1 stalls + 2 validation + 17 final wait) = 7, of it
+    # 4 before step 2
     assert parts == {
-        "after_first_step": 3.0, "of_it_compile_cache_write": 2.5, "between_steps": 7.0, "final_save_wait": 17.0,
-        "end": 1.5, "after_summary": 6.0, "unattributed": 40.0 - (3 + 7 + 17 + 1.5 + 6),
+        "after_first_step": 3.0, "of_it_compile_cache_write": 2.5, "before_step_2": 4.0, "between_steps": 3.0,
+        "final_save_wait": 17.0, "end": 1.5, "after_summary": 6.0, "unattributed": 40.0 - (3 + 7 + 17 + 1.5 + 6),
     }  # fmt: skip
     older = split(30.0, {"after_summary_s": 6.0}, steps_s=120.0, stalls=[], validation_s=0.0)
     assert "between_steps" not in older and older["unattributed"] == 24.0  # a summary without the parts
@@ -93,3 +95,12 @@ def test_the_seconds_between_steps_split_by_saves_and_writes(tmp_path) -> None:
         "during_writes_steps": 1, "during_writes_ms_per_step": 100.0,
         "elsewhere_steps": 4, "elsewhere_ms_per_step": 75.0,
     }  # fmt: skip
+
+
+def test_step_1s_late_end_is_what_its_event_time_holds_beyond_the_host_work(tmp_path) -> None:
+    rows = [{"step": 1, "step_time_s": 60.0, "data_wait_s": 2.0}, {"step": 2, "step_time_s": 0.06}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    late = _time_to_model().step1_end_late
+    summary = {"first_step_s": 46.0, "session_parts_s": {"after_first_step": 0.5}}
+    assert late(tmp_path, summary) == pytest.approx(60.0 - 46.0 - 2.0 - 0.5)
+    assert late(tmp_path, {}) == 0.0  # a summary without first_step_s
