@@ -110,10 +110,15 @@ def _train(
     return summary, wall
 
 
+def _step_rows(folder: Path) -> list[dict]:
+    """metrics.jsonl's step records (validations left out)."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("kind") != "val"]
+
+
 def _steps_seconds(folder: Path) -> float:
     """Seconds of every step but the first (which start-up counts), from metrics.jsonl."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r.get("kind") != "val"]
+    steps = _step_rows(folder)
     return sum(float(r["step_time_s"]) for r in steps[1:])
 
 
@@ -122,11 +127,10 @@ def idle_between_steps(folder: Path, every: int, writes_s: list[float], flush_ev
     fall: the first step after a save or validation (the stall, the validation), the first after a log flush
     (`logging.every`: the host syncs with the device), the steps while a background write ran (for its write_s
     of the steps' time), and the rest; with the mean per step of the last three."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     seconds = dict.fromkeys(("after_save_or_validation", "after_log_flush", "during_writes", "elsewhere"), 0.0)
     counts = dict.fromkeys(seconds, 0)
     writes, write_left = iter(writes_s), 0.0
-    for row in (r for r in rows if r.get("kind") != "val"):
+    for row in _step_rows(folder):
         between, done = float(row.get("between_steps_s", 0.0)), row["step"] - 1
         if every and done > 0 and done % every == 0:
             where, write_left = "after_save_or_validation", next(writes, 0.0)
@@ -177,8 +181,7 @@ def step1_end_late(folder: Path, summary: dict) -> float:
     first step (`first_step_s`), the wait for its batch before it and the host work after it
     (`after_first_step`: the compile cache file, the checkpoint pool's reservation started). What is left is
     the loop's first launch after step 1 waiting (for the CUDA driver, which the pool's pinning holds)."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    first = next((r for r in rows if r.get("kind") != "val" and r["step"] == 1), None)
+    first = next((r for r in _step_rows(folder) if r["step"] == 1), None)
     host = summary.get("first_step_s")
     if first is None or host is None:
         return 0.0
