@@ -47,9 +47,11 @@ def test_staging_a_save_leaves_nothing_for_the_cyclic_collector(no_cyclic_collec
 def test_a_reservation_for_the_sizes_leaves_the_first_save_nothing_to_allocate(monkeypatch) -> None:
     monkeypatch.setattr(host_pool, "CHUNK_BYTES", 1 * MiB)  # small chunks: the same placement, in MiB
     # small slots, a slot larger than a chunk, slots that leave a chunk's tail unused
-    sizes = [100] * 5 + [3 * MiB] + [600 * 1024] * 5 + [MiB // 2 + 1]
+    sizes = [100] * 5 + [3 * MiB] + [600 * 1024] * 5 + [MiB // 2 + 1] + [100] * 3
     assert plan_chunks([], []) == []
-    assert plan_chunks([], [3 * MiB]) == [4 * MiB]  # a chunk of its own, a power of two
+    assert plan_chunks([], [3 * MiB]) == [3 * MiB]  # a chunk of exactly its own size
+    assert plan_chunks([], [MiB // 4 + 1]) == [MiB // 4 + ALIGN]  # over a quarter of a chunk: its own too
+    assert plan_chunks([], [MiB // 4] * 5) == [MiB, MiB]  # up to a quarter: shared chunks
     for reserve in ("total", "sizes"):
         pool = HostPool(pinned=False)
         pool.reserve(sum(sizes)) if reserve == "total" else pool.reserve_for(sizes)
@@ -64,7 +66,7 @@ def test_a_reservation_for_the_sizes_leaves_the_first_save_nothing_to_allocate(m
         pool.close()
     held = [MiB, MiB]  # a reservation for what is already held adds nothing
     assert plan_chunks(held, [MiB // 2] * 4) == []
-    assert plan_chunks(held, [MiB // 2] * 5) == [MiB]
+    assert plan_chunks(held, [MiB // 2] * 5) == [MiB // 2]  # the fifth half-chunk slot: one of its own
 
 
 def test_the_pool_for_n16_3b_sized_state_holds_little_more_than_the_state() -> None:
@@ -158,14 +160,26 @@ def test_a_snapshot_stays_inside_the_allocator_cap_and_the_memory_budget(monkeyp
     assert abs(device_room(device, budget_bytes=40 * GiB) - (10 * GiB - margin)) < 1024
 
 
-def test_a_background_reservation_rests_as_long_as_each_chunk_took(monkeypatch) -> None:
-    """Pinning holds the CUDA driver: between chunks the loop gets it back (`host_pool.REST`)."""
+def test_a_background_reservation_rests_as_long_as_each_registration_held_the_driver(monkeypatch) -> None:
+    """Registering pinned memory holds the CUDA driver: between chunks the loop gets it back
+    (`host_pool.REST`); close() unregisters every chunk."""
+
+    class Registered:  # pinned.PinnedBytes without CUDA: pageable bytes, a registration of 0.25 s
+        def __init__(self, size: int) -> None:
+            self.tensor, self.register_s, self.released = torch.empty(size, dtype=torch.uint8), 0.25, False
+
+        def release(self) -> None:
+            self.released = True
+
     slept = []
     monkeypatch.setattr(host_pool.time, "sleep", slept.append)
-    pool = HostPool(pinned=False)
-    pool.reserve_in_background([host_pool.CHUNK_BYTES // 4] * 6)  # two chunks (pageable, never touched)
+    monkeypatch.setattr(host_pool, "PinnedBytes", Registered)
+    pool = HostPool(pinned=True)
+    pool.reserve_in_background([host_pool.CHUNK_BYTES // 4] * 6)  # two chunks (never touched)
     pool.join()
-    assert len(slept) == len(pool._chunks) == 2 and all(s > 0 for s in slept)
+    assert slept == [0.25 * host_pool.REST] * 2 and pool.held_s == [0.25, 0.25]
+    registrations = list(pool._pinned)
     pool.close()
+    assert len(registrations) == 2 and all(r.released for r in registrations)
     pool.reserve_for([4096])  # in the caller's thread: no rest
     assert slept[2:] == [0.0]

@@ -1,14 +1,14 @@
 """Host memory that checkpoint staging copies into: allocated once, reused by every save, freed at the end.
 
-Pinning host memory is slow (cudaHostAlloc pins page by page: seconds for n1.6-3b's 19.4 GB of optimizer
-state), so the pool is not allocated per save. It is a list of chunks (pinned on CUDA, so device-to-host
+Pinning host memory is slow (seconds for n1.6-3b's 19.4 GB of optimizer state), so the pool is not allocated
+per save. It is a list of chunks (pinned on CUDA, `pinned.PinnedBytes`, so device-to-host
 copies run asynchronously at full PCIe speed; plain memory on CPU); `reserve_in_background` fills it at
 start-up from an estimate, beside training. A save takes its slots in order (`rewind`, then `take`): the
 first chunk with room for the tensor holds it after the slots already taken there, else a new chunk. The
 same sequence of tensors therefore lands in the same places every save. `reserve_for` reserves for a list of
 tensor sizes by running that placement ahead, so the first save finds a slot for each of them (a reservation of
 the total alone falls short: slots are page-aligned, a chunk's tail is left when the next tensor does not fit,
-and a tensor larger than a chunk gets one of its own).
+and a tensor over a quarter of a chunk gets one of its own).
 
 Each slot is a tensor with a storage of its own, exactly its bytes (a NumPy view of the chunk made into a
 tensor): torch.save writes each tensor, never the chunk around it, and safetensors sees no shared storage.
@@ -23,21 +23,24 @@ from collections.abc import Sequence
 
 import torch
 
+from .pinned import PinnedBytes
+
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 1 << 30
-"""Bytes of one chunk (a power of two: torch's pinned allocator rounds every allocation up to one); a larger
-tensor gets a chunk of its own. A chunk's unused tail is less than the next slot, so chunks much larger than
-the slots waste little: n1.6-3b's optimizer state holds tensors of up to ~135 MB, which left up to half of a
-256 MiB chunk empty (the checkpoint-stall probe pinned 38.7 GB for 19.5 GB of state)."""
+CHUNK_BYTES = 1 << 28
+"""Bytes of one chunk for small tensors; a tensor over a quarter of this gets a chunk of exactly its own
+(page-rounded) size, so a chunk's unused tail stays under a quarter of it. Chunks are registered memory
+(`pinned.PinnedBytes`), not torch's pinned allocator, which rounds every allocation up to a power of two
+(n1.6-3b's optimizer state holds tensors of ~135 MB: 1 GiB chunks left a third of them empty)."""
 ALIGN = 4096
 """Slots start at multiples of this many bytes (page-aligned copies)."""
 REST = 1.0
-"""A background reservation sleeps this many times as long as each chunk took to pin. Pinning holds the CUDA
-driver, and chunk after chunk it never let go: on an H100 (2026-12-06, n1.6-3b, 23.6 GB in 11.5 s) the loop's
-first kernel launch after the first step waited for the whole reservation, the GPU idle (step 1's end event
-11-12 s late; steps 2-500 took 45.5 s of wall time against 33.3 s on the device). Resting as long as it
-pinned leaves the loop half the time to queue steps ahead; the reservation takes about twice as long."""
+"""A background reservation sleeps this many times as long as each chunk's registration held the CUDA
+driver. Pinned by torch's allocator, chunk after chunk, the driver was never let go: on an H100 (2026-12-06,
+n1.6-3b, 23.6 GB in 11.5 s) the loop's first kernel launch after the first step waited for the whole
+reservation, the GPU idle (step 1's end event 11-12 s late); resting as long as each 1 GiB chunk took still
+lost 7.5 s of a 19 s loop (`benchmarks/probes/pinning_beside_steps.py`). Registering present pages holds it
+for much less, and resting gives the loop's launches the driver in between."""
 
 
 def _round_up(n: int, to: int) -> int:
@@ -45,8 +48,8 @@ def _round_up(n: int, to: int) -> int:
 
 
 def _new_chunk(need: int) -> int:
-    """Bytes of the chunk `take` allocates for a slot of `need` bytes that fits no chunk held."""
-    return max(CHUNK_BYTES, 1 << max(need - 1, 0).bit_length())
+    """Bytes of the chunk `take` allocates for a slot of `need` bytes (page-rounded) that fits no chunk held."""
+    return need if need > CHUNK_BYTES // 4 else CHUNK_BYTES
 
 
 def plan_chunks(held: Sequence[int], sizes: Sequence[int]) -> list[int]:
@@ -80,6 +83,7 @@ class HostPool:
         self.pinned = pinned
         self._chunks: list[torch.Tensor] = []  # uint8, one storage each
         self._arrays: list = []  # NumPy views of the chunks: slots are cut from these
+        self._pinned: list[PinnedBytes] = []  # the registrations of pinned chunks, released by close()
         self._fill: list[int] = []  # bytes taken from each chunk by this save
         self._lock = threading.Lock()
         self._reserving: threading.Thread | None = None
@@ -91,15 +95,25 @@ class HostPool:
         """Seconds the last `rewind` waited for the reservation still running in the background."""
         self.reserve_s: float | None = None
         """Seconds the last background reservation took (None before one has ended)."""
+        self.held_s: list[float] = []
+        """Seconds each pinned chunk's registration held the CUDA driver."""
 
     @property
     def capacity(self) -> int:
         """Bytes held."""
         return sum(chunk.numel() for chunk in self._chunks)
 
-    def _allocate(self, size: int) -> None:
+    def _allocate(self, size: int) -> float:
+        """Add a chunk of `size` bytes; returns the seconds it held the CUDA driver (its registration)."""
+        held = 0.0
         try:
-            chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+            if self.pinned:
+                pinned = PinnedBytes(size)
+                self._pinned.append(pinned)
+                chunk, held = pinned.tensor, pinned.register_s
+                self.held_s.append(held)
+            else:
+                chunk = torch.empty(size, dtype=torch.uint8)
         except RuntimeError as err:  # the host refused to pin more: copies into pageable memory still work
             log.warning("cannot pin %.2f GB more of host memory for checkpoints (%s); the rest is pageable, "
                         "so its copies block the loop", size / 1e9, err)  # fmt: skip
@@ -108,21 +122,20 @@ class HostPool:
         self._chunks.append(chunk)
         self._arrays.append(chunk.numpy())
         self._fill.append(0)
+        return held
 
     def reserve(self, total: int) -> None:
         """Hold at least `total` bytes in chunks."""
         with self._lock:
             while self.capacity < total:
-                self._allocate(min(CHUNK_BYTES, max(ALIGN, 1 << (total - self.capacity - 1).bit_length())))
+                self._allocate(min(CHUNK_BYTES, _round_up(total - self.capacity, ALIGN)))
 
     def reserve_for(self, sizes: Sequence[int], rest: float = 0.0) -> None:
         """Hold the chunks that slots of `sizes` bytes, taken in this order after a `rewind`, fit in; after
         each chunk, sleeping `rest` times as long as it took (`reserve_in_background`)."""
         with self._lock:
             for size in plan_chunks([c.numel() for c in self._chunks], sizes):
-                started = time.perf_counter()
-                self._allocate(size)
-                time.sleep(rest * (time.perf_counter() - started))
+                time.sleep(rest * self._allocate(size))
 
     def reserve_in_background(self, sizes: Sequence[int], rest: float = REST) -> None:
         """`reserve_for(sizes, rest)` in a daemon thread (pinning is slow; the loop goes on); `rewind` waits
@@ -181,4 +194,6 @@ class HostPool:
         """Free every chunk (pinned chunks go back to torch's pinned-memory cache)."""
         self.join()
         with self._lock:
-            self._chunks, self._arrays, self._fill = [], [], []
+            for pinned in self._pinned:
+                pinned.release()
+            self._chunks, self._arrays, self._fill, self._pinned = [], [], [], []
