@@ -10,9 +10,13 @@ import io
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-from gr00t_train.checkpoint.host_pool import ALIGN, HostPool
-from gr00t_train.checkpoint.staging import Staging
+from gr00t_train.checkpoint import host_pool
+from gr00t_train.checkpoint.host_pool import ALIGN, HostPool, nbytes
+from gr00t_train.checkpoint.staging import Staging, expected_sizes
+from torch import nn
+from vla_overlap import DistributedAdamW, OverlapConfig, OverlapDataParallel
 
 
 def _load_scenario():
@@ -80,6 +84,40 @@ def test_background_reservation_is_waited_for_by_the_first_save() -> None:
     staged = staging.copy({"w": torch.ones(1000)})
     staging.finish()()
     assert staging.pool.grown == 0 and torch.equal(staged["w"], torch.ones(1000))
+    staging.close()
+
+
+@pytest.mark.parametrize("moments", ["fp32", "int8"])
+def test_the_reservation_expects_the_staged_sizes_in_the_order_they_are_staged(
+    env, monkeypatch, moments
+) -> None:
+    """Chunks are sized to their slots, so a reservation planned in another order than the save's leaves a
+    slot without a chunk big enough: the first save of n1.6-3b then pinned 3.3 s of memory inside its stall
+    (ZeRO-1's param_groups follow the buckets, its state dict the parameters)."""
+    monkeypatch.setattr(host_pool, "CHUNK_BYTES", 1 << 12)  # every tensor here over a quarter of a chunk
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 64)).to(torch.bfloat16)
+    model = OverlapDataParallel(module, OverlapConfig(bucket_elements=32 * 128))
+    opt = DistributedAdamW(model, lr=1e-2, flat="auto", moments=moments)
+    expected = expected_sizes(opt)
+    for _ in range(2):
+        opt.zero_grad()
+        x = torch.randn(8, 32, dtype=torch.bfloat16)
+        model(x).float().square().mean().backward()
+        opt.step()
+    staging = Staging(torch.device("cpu"))
+    staging.pool.reserve_for(expected)
+    staged_sizes, take = [], staging.pool.take
+    monkeypatch.setattr(
+        staging.pool,
+        "take",
+        lambda shape, dtype: staged_sizes.append(nbytes(shape, dtype)) or take(shape, dtype),
+    )
+    staging.begin()
+    staging.copy(opt.state_dict(on_device=True, encoded_moments=True)["state"], guarded=True)
+    staging.finish()()
+    assert staged_sizes == expected
+    assert staging.pool.grown == 0
     staging.close()
 
 

@@ -102,12 +102,14 @@ def test_the_snapshot_buffer_is_reused_replaced_when_outgrown_and_freed_without_
     assert snapshot.held == 0
 
 
+@pytest.mark.parametrize("comm", ["ddp", "zero1_overlap"])
 def test_a_runs_first_save_finds_its_slots_reserved_and_its_stall_is_split_into_parts(
-    tmp_path, env, standins
+    tmp_path, env, standins, monkeypatch, comm
 ) -> None:
     from gr00t_train import Trainer
 
-    cfg = standins.small_config(tmp_path, steps=4, checkpoint__every=2)
+    monkeypatch.setattr(host_pool, "CHUNK_BYTES", 1 << 12)  # chunks sized to their slots: the order must match
+    cfg = standins.small_config(tmp_path, steps=4, checkpoint__every=2, optimizations__comm=comm)
     trainer = Trainer(cfg, standins.make_parts(), env)
     trainer.fit()
     saves = trainer.checkpoint.saves

@@ -73,5 +73,6 @@ def test_registered_host_memory_takes_asynchronous_copies_and_is_released() -> N
     pool.reserve_for([1 << 20] * 3)
     slot = pool.take((1 << 18,), torch.float32)
     assert slot.is_pinned() and pool.pinned and len(pool.held_s) == 1
-    pool.close()
-    assert not slot.is_pinned()
+    pool.close()  # unregisters in a thread
+    pool.join()
+    assert not slot.is_pinned() and pool.release_s is not None

@@ -294,24 +294,35 @@ class Staging:
 
 
 def expected_sizes(optimizer: torch.optim.Optimizer) -> list[int]:
-    """Bytes of each tensor a save stages of `optimizer`, in order, estimated before any state exists (the
-    pool's reservation). Per stepped tensor: with DistributedAdamW its fp32 master (this rank's shard) and
-    moments, with torch's AdamW its moments only (the trainable weights are among the model's tensors); the
-    moments two (three with amsgrad) in the tensor's dtype, or with 8-bit moments each as its codes and block
-    scales (staged as they are); and the step count."""
+    """Bytes of each tensor a save stages of `optimizer`, in the order it stages them, estimated before any
+    state exists (the pool's reservation: chunks sized to their slots fit only in this order). Per stepped
+    tensor: with DistributedAdamW its fp32 master (this rank's shard) and moments, in the order of its state
+    dict (the optimizer's parameter order, not the buckets' order its param_groups follow); with torch's AdamW
+    its moments only (the trainable weights are among the model's tensors); the moments two (three with
+    amsgrad) in the tensor's dtype, or with 8-bit moments each as its codes and block scales (staged as they
+    are); and the step count."""
     sizes = []
     masters = isinstance(optimizer, vla_overlap.DistributedAdamW)
     moments8 = getattr(optimizer, "moments", "fp32") == "int8"
-    for group in optimizer.param_groups:
-        count = 3 if group.get("amsgrad") else 2
-        for p in group["params"]:
-            n, size = p.numel(), p.numel() * p.element_size()
-            if moments8:  # one byte per element, the scales the rest of MOMENT_BYTES
-                moments = [n, -(-n * (vla_overlap.MOMENT_BYTES["int8"] - 2) // 2)] * 2
-            else:
-                moments = [size] * count
-            sizes += ([size] if masters else []) + [int(m) for m in moments] + [4]
+    group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    for p in _staged_order(optimizer):
+        n, size = p.numel(), p.numel() * p.element_size()
+        if moments8:  # one byte per element, the scales the rest of MOMENT_BYTES
+            moments = [n, -(-n * (vla_overlap.MOMENT_BYTES["int8"] - 2) // 2)] * 2
+        else:
+            moments = [size] * (3 if group_of[id(p)].get("amsgrad") else 2)
+        sizes += ([size] if masters else []) + [int(m) for m in moments] + [4]
     return sizes
+
+
+def _staged_order(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The stepped tensors in the order the optimizer's state dict holds them: DistributedAdamW's masters by
+    their parameters' place in its groups (as its state dict, keyed by parameter name), else param_groups."""
+    if not isinstance(optimizer, vla_overlap.DistributedAdamW):
+        return [p for group in optimizer.param_groups for p in group["params"]]
+    position = {slot: i for i, slot in enumerate(s for slots in optimizer.group_slots for s in slots)}
+    pieces = sorted(optimizer.pieces, key=lambda entry: (position[entry[1].slot], entry[1].param_start))
+    return [master for _, _, master in pieces]
 
 
 def expected_bytes(optimizer: torch.optim.Optimizer) -> int:
