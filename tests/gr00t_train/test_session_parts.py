@@ -12,7 +12,7 @@ import torch
 from _boundaries import REPO
 from gr00t_train import Trainer
 from gr00t_train.metrics.records import Throughput, summarize
-from gr00t_train.metrics.timing import StepTimer
+from gr00t_train.metrics.timing import StepTimer, StepTimes
 
 
 def _time_to_model():
@@ -57,6 +57,39 @@ def test_the_time_between_steps_is_apart_from_the_steps() -> None:
     assert records[1].between_steps_s >= 0.05 > records[1].step_time_s >= 0.01
     assert records[2].between_steps_s < 0.05
     assert summarize(records, 1, throughput).between_steps_s == sum(r.between_steps_s for r in records)
+
+
+class _Event:
+    """A CUDA event's part that StepTimes reads: done or not, and whether anyone synchronized on it."""
+
+    def __init__(self, ms: float, done: bool) -> None:
+        self.ms, self.done, self.synchronized = ms, done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.synchronized = self.done = True
+
+    def elapsed_time(self, end: _Event) -> float:
+        assert end.done
+        return end.ms - self.ms
+
+
+def test_step_times_synchronize_only_on_events_not_yet_done() -> None:
+    """A flush reads events already complete (it synced the stream): synchronize would let go of the GIL once
+    per event, and each time the loop waits to take it back while other threads run Python (the data
+    pipeline's; benchmarks/probes/flush_events.py)."""
+    times = StepTimes()
+    done, pending = _Event(30.0, True), _Event(50.0, False)
+    times._events += [
+        ("compute", _Event(0.0, True), done),
+        ("optimizer_overlapped", _Event(40.0, True), pending),
+    ]
+    seconds = times.seconds()
+    assert seconds["compute"] == pytest.approx(0.030)
+    assert seconds["optimizer_overlapped"] == pytest.approx(0.010)
+    assert not done.synchronized and pending.synchronized
 
 
 def test_the_jobs_rest_splits_by_part_and_names_what_is_unattributed() -> None:

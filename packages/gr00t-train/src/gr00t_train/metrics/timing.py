@@ -28,7 +28,8 @@ class StepTimes:
         for name, value in self._host.items():
             out[name] = out.get(name, 0.0) + value
         for name, start, end in self._events:
-            end.synchronize()
+            if not end.query():  # synchronize lets go of the GIL, and busy threads keep it from coming back
+                end.synchronize()
             out[name] = out.get(name, 0.0) + start.elapsed_time(end) / 1000.0
         for inner, outer in self._nested.items():  # report the outer phase without the inner one
             out[outer] = max(0.0, out[outer] - out[inner])
