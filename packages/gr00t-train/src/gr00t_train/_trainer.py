@@ -156,6 +156,8 @@ class Trainer:
             if self.parts.close is not None:
                 self.parts.close()
             end.lap("end_parts_close")
+            self.checkpoint.release_staging()  # last: unregistering its host memory holds the CUDA driver
+            end.lap("end_staging_release")
             self.session_parts_s.update(end.laps)
         if not self.metrics.records:
             raise ConfigError("steps", f"is {self.cfg.steps} and the resumed run is already at step {start}")

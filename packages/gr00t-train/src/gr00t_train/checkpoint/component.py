@@ -248,8 +248,10 @@ class CheckpointComponent:
             return sum(optimizer_sizes) * self.env.world_size + sum(written) + (RANK_STATE_SLOTS + 1) * ALIGN
         return [ALIGN] * RANK_STATE_SLOTS + optimizer_sizes + written + [CHUNK_BYTES]
 
-    def _release_staging(self) -> None:
-        """The run ended: the pool's memory is freed and the updates no longer wait for saves."""
+    def release_staging(self) -> None:
+        """The run ended: the pool's memory is freed (unregistered in a thread: `HostPool.close`) and the
+        updates no longer wait for saves. The trainer calls it last, after the model's graphs are released:
+        the unregistering holds the CUDA driver, and the end's CUDA calls would wait for it."""
         if self._update_hook is not None:
             self._update_hook.remove()
             self._update_hook = None
@@ -259,18 +261,11 @@ class CheckpointComponent:
     def wait(self) -> None:
         """Wait for the write in flight (the final save, a stop, the end of the run): its failure raises
         CheckpointError on every rank, whatever checkpoint.on_error says (no later save would follow).
-        summary.json's `checkpoint_final_wait_s` times its parts: the write's wait and the pool's release."""
+        summary.json's `checkpoint_final_wait_s` times the final save's wait."""
         started, waited = time.perf_counter(), self._inflight is not None
-        try:
-            self._settle(final=True)
-        finally:
-            settled = time.perf_counter()
-            self._release_staging()
-            if waited:  # a later call (the run's end after a final save) has nothing to time
-                self.parts.facts["checkpoint_final_wait_s"] = {
-                    "write": round(settled - started, 3),
-                    "staging_release": round(time.perf_counter() - settled, 3),
-                }
+        self._settle(final=True)
+        if waited:  # a later call (the run's end after a final save) has nothing to time
+            self.parts.facts["checkpoint_final_wait_s"] = {"write": round(time.perf_counter() - started, 3)}
 
     def abandon(self) -> None:
         """The run failed: a write in flight stops waiting for other ranks' parts and is given the time to
@@ -283,7 +278,6 @@ class CheckpointComponent:
                 "waiting for the checkpoint of step %d to be written (Ctrl-C: leave without it)", write.step
             )
             write.join(self.checkpointer.rank_timeout_s)
-        self._release_staging()
 
     def _write_parts(self, ready_s: float) -> dict[str, float]:
         """A write's parts: the wait for the staged copies, the 8-bit moments' decoding, Checkpointer.write's."""
