@@ -108,7 +108,8 @@ def test_a_runs_first_save_finds_its_slots_reserved_and_its_stall_is_split_into_
 ) -> None:
     from gr00t_train import Trainer
 
-    monkeypatch.setattr(host_pool, "CHUNK_BYTES", 1 << 12)  # chunks sized to their slots: the order must match
+    # chunks sized to their slots: the reservation's order must match the save's
+    monkeypatch.setattr(host_pool, "CHUNK_BYTES", 1 << 12)
     cfg = standins.small_config(tmp_path, steps=4, checkpoint__every=2, optimizations__comm=comm)
     trainer = Trainer(cfg, standins.make_parts(), env)
     trainer.fit()
@@ -181,7 +182,8 @@ def test_a_background_reservation_rests_as_long_as_each_registration_held_the_dr
     pool.join()
     assert slept == [0.25 * host_pool.REST] * 2 and pool.held_s == [0.25, 0.25]
     registrations = list(pool._pinned)
-    pool.close()
+    pool.close()  # unregisters in a thread
+    pool.join()
     assert len(registrations) == 2 and all(r.released for r in registrations)
     pool.reserve_for([4096])  # in the caller's thread: no rest
     assert slept[2:] == [0.0]
