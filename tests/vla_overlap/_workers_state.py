@@ -41,4 +41,8 @@ def state_on_device(ctx: Any, flat: str | None, steps: int = 2) -> dict[str, Any
             k: kept[v[1]] if isinstance(v, tuple) else v for k, v in _entries(through_keep).items()
         },
         "groups_equal": on_cpu["param_groups"] == on_device["param_groups"] == through_keep["param_groups"],
+        # at one rank the state's masters are the live pieces: the same addresses, in masters_in_order's order
+        "masters_in_order": [m.data_ptr() for m in opt.masters_in_order],
+        "state_masters": [entry["master"].data_ptr() for entry in on_device["state"].values()],
+        "param_groups_order": [p.data_ptr() for group in opt.param_groups for p in group["params"]],
     }

@@ -25,5 +25,9 @@ def test_the_state_on_the_device_is_the_state(pool, world_size: int, flat: str |
         if world_size == 1:
             assert all(result["aliases"][k] for k in tensors)
             assert changed == tensors  # the live buffers moved on with the next step
+            assert result["masters_in_order"] == result["state_masters"]
+            # param_groups follow the buckets, another order: masters_in_order is not theirs renamed
+            assert sorted(result["param_groups_order"]) == sorted(result["masters_in_order"])
+            assert result["param_groups_order"] != result["masters_in_order"]
         else:
             assert not any(result["aliases"][k] for k in tensors) and changed == []

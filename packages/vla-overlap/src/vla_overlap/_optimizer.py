@@ -144,6 +144,12 @@ class DistributedAdamW(torch.optim.Optimizer):
             for (_, _, master), grad in zip(self.pieces, self._piece_grads):
                 master.grad = grad
 
+    @property
+    def masters_in_order(self) -> list[torch.Tensor]:
+        """This rank's fp32 master pieces in the optimizer's parameter order (its groups as given; param_groups
+        follow the buckets): the order of `state_dict()["state"]` and of the gradient norm's sum."""
+        return [self.pieces[i][2] for i in self._norm_order]
+
     def track_rows(self, param: nn.Parameter, touched: torch.Tensor) -> bool:
         """Let the flat step skip the rows of `param` (along dim 0) that never had a gradient, as in an
         embedding or per-category table of which a run uses a few rows. `touched` (bool, one entry per row, on

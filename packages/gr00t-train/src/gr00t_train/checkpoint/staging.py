@@ -316,13 +316,10 @@ def expected_sizes(optimizer: torch.optim.Optimizer) -> list[int]:
 
 
 def _staged_order(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The stepped tensors in the order the optimizer's state dict holds them: DistributedAdamW's masters by
-    their parameters' place in its groups (as its state dict, keyed by parameter name), else param_groups."""
-    if not isinstance(optimizer, vla_overlap.DistributedAdamW):
-        return [p for group in optimizer.param_groups for p in group["params"]]
-    position = {slot: i for i, slot in enumerate(s for slots in optimizer.group_slots for s in slots)}
-    pieces = sorted(optimizer.pieces, key=lambda entry: (position[entry[1].slot], entry[1].param_start))
-    return [master for _, _, master in pieces]
+    """The stepped tensors in the order the optimizer's state dict holds them."""
+    if isinstance(optimizer, vla_overlap.DistributedAdamW):
+        return optimizer.masters_in_order
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def expected_bytes(optimizer: torch.optim.Optimizer) -> int:
