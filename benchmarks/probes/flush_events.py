@@ -68,7 +68,6 @@ def main() -> None:
     rows = {}
     for count in (int(n) for n in args.threads.split(",")):
         stop = threading.Event()
-
         busy = [threading.Thread(target=spin, args=(stop,), daemon=True) for _ in range(count)]
         for thread in busy:
             thread.start()
