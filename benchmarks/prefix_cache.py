@@ -9,6 +9,8 @@ default) on the same small synthetic LIBERO-like dataset, so the cache builds in
     cached          data.prefix_cache.mode=disk into a fresh folder: the build is timed, then training
     full-head       model.tune_top_llm_layers=0 (the action head and vlln train; the LLM is frozen)
     cached-head     the same from a cache of the whole backbone's output
+    full-moments8   full and cached with block-wise 8-bit AdamW moments (memory.adam_moments=int8, which live
+    cached-moments8 in ZeRO-1's optimizer): the cached step is about half optimizer update, which they shrink
 
     source benchmarks/gpu_env.sh
     python benchmarks/prefix_cache.py --json benchmarks/results/prefix_cache_h200_<date>.json
@@ -35,7 +37,14 @@ VARIANTS = {
     "cached": ["data.prefix_cache.mode=disk"],
     "full-head": ["model.tune_top_llm_layers=0"],
     "cached-head": ["model.tune_top_llm_layers=0", "data.prefix_cache.mode=disk"],
+    "full-moments8": ["memory.adam_moments=int8", "optimizations.comm=zero1_overlap"],
+    "cached-moments8": [
+        "memory.adam_moments=int8",
+        "optimizations.comm=zero1_overlap",
+        "data.prefix_cache.mode=disk",
+    ],
 }
+DEFAULT_VARIANTS = "full,cached,full-head,cached-head"
 QUIET = [*_train_runs.QUIET, "eval.every=0", "data.val_episodes=0"]
 SYNTHETIC = {
     "small": {"episodes": 6, "episode_length": 80},  # about 430 samples: the cache builds in seconds
@@ -51,7 +60,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--synthetic-size", choices=sorted(SYNTHETIC), default="small")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=10, help="leading steps left out of samples/s")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"any of {','.join(VARIANTS)}")
     p.add_argument("--out", type=Path, default=Path("/tmp/prefix_cache_bench"))
     p.add_argument("--json", type=Path)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -122,16 +131,17 @@ def main() -> None:
         for label, cached, full in (
             ("release", "cached", "full"),
             ("action_head_only", "cached-head", "full-head"),
+            ("release_moments8", "cached-moments8", "full-moments8"),
         )
         if cached in by and full in by
     }
     print(
-        f"\n{'variant':<12} {'samples/s':>10} {'step ms':>8} {'build s':>8} {'cache GB':>9} {'startup s':>10}"
+        f"\n{'variant':<15} {'samples/s':>10} {'step ms':>8} {'build s':>8} {'cache GB':>9} {'startup s':>10}"
     )
     for r in rows:
         build = f"{r['cache_build_s']:.1f}" if r["cache_build_s"] is not None else "-"
         size = f"{r['cache_bytes'] / 1e9:.2f}" if r["cache_bytes"] is not None else "-"
-        print(f"{r['variant']:<12} {r['samples_per_s']:>10.1f} {r['step_ms']:>8.2f} {build:>8} {size:>9} "
+        print(f"{r['variant']:<15} {r['samples_per_s']:>10.1f} {r['step_ms']:>8.2f} {build:>8} {size:>9} "
               f"{r['startup_s'] or 0:>10.1f}")  # fmt: skip
     for label, value in speedups.items():
         print(f"speed-up {label}: {value:.2f}x")
