@@ -129,7 +129,7 @@ class OptimizationsConfig(Section):
     the update's tail runs beside the first trainable layers (vla-overlap's `stage_update`); the same
     arithmetic, bitwise, in another order."""
     norm_in_backward: bool = True
-    """With the flat optimizer at one GPU: the gradient norm's part of each bucket (for clipping) is taken on the comm
+    """With the flat optimizer: the gradient norm's part of each bucket (for clipping) is taken on the comm
     stream as the backward reduces that bucket, so after the backward the clip only combines the parts instead
     of reading every gradient once more before the update can start (vla-overlap's `norm_in_backward`). The
     same kernels on the same gradients: the norm is the same, bitwise."""
