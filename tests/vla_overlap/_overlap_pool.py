@@ -44,7 +44,6 @@ WORKER_MODULES = (
     "_workers_in_place",
     "_workers_state",
     "_workers_moments8",
-    "_workers_norm_parts",
 )
 
 

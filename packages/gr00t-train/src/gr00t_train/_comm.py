@@ -91,12 +91,9 @@ def plan_grad_sync(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> SyncPlan
             moments = adam_moments(cfg)
             flat = _flat_kernel(opts, env) or ("torch" if moments == "int8" else None)  # int8: a flat step
             remainders = opts.param_remainders and opts.bf16_weights == "on" and flat is not None
-            # the norm's parts taken in the backward (left out where off: vla-overlap versions without it)
-            norm_parts = {"norm_in_backward": True} if opts.norm_in_backward and flat is not None else {}
             optimizer = vla_overlap.DistributedAdamW(
-                wrapped, groups, **adamw, flat=flat, remainders=remainders, **moments_argument(moments),
-                **norm_parts,
-            )  # fmt: skip
+                wrapped, groups, **adamw, flat=flat, remainders=remainders, **moments_argument(moments)
+            )
         else:
             optimizer = torch.optim.AdamW(groups, **adamw)
     overlapped = opts.comm != "allreduce_after_backward"

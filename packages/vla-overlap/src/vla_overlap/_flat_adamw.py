@@ -313,22 +313,13 @@ class FlatAdamW:
     def grad_norm(self, norm_type: float) -> torch.Tensor:
         """The norm of this rank's gradient shards (padding and pieces no one used are zero): one pass of
         the sum-of-squares kernel per shard for the 2-norm on CUDA, torch's vector_norm otherwise."""
-        parts = [self.norm_part(flat["grad"], norm_type) for flat in self.buckets]
-        return self.norm_of_parts(torch.stack(parts), norm_type)
-
-    def norm_part(self, grad: torch.Tensor, norm_type: float) -> torch.Tensor:
-        """One shard's share of `grad_norm`: its sum of squares (the Triton 2-norm), else its norm."""
+        grads = [flat["grad"] for flat in self.buckets]
         if self.kernel == "triton" and norm_type == 2.0:
             from ._flat_adamw_kernel import sum_of_squares
 
-            return sum_of_squares(grad)
-        return torch.linalg.vector_norm(grad, norm_type, dtype=torch.float32)
-
-    def norm_of_parts(self, parts: torch.Tensor, norm_type: float) -> torch.Tensor:
-        """`grad_norm` from every shard's `norm_part`, stacked in bucket order."""
-        if self.kernel == "triton" and norm_type == 2.0:
-            return parts.sum().sqrt()
-        return torch.linalg.vector_norm(parts, norm_type)
+            return torch.stack([sum_of_squares(g) for g in grads]).sum().sqrt()
+        norms = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float32) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
     @torch.no_grad()
     def step(self, coef: torch.Tensor | None, skipped: list[int] | tuple[int, ...] = ()) -> None:

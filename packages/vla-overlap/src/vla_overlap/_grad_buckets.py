@@ -6,7 +6,6 @@ bucket waits for all lower-numbered buckets to launch first; `launch_all()` laun
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,16 +55,6 @@ class GradBuckets(BucketedBuffers):
         self._missing = [len(b.slots) for b in layout.buckets]
         self._ready = [False] * len(layout.slots)
         self._next = 0  # first bucket not launched yet
-        self.after_reduce: Callable[[int, torch.Tensor], None] | None = None
-        """Work issued on the comm stream right after a bucket's collective, given the bucket and this
-        rank's reduced view of it (its shard when sharded): it reads the reduced gradient as soon as it
-        exists, beside the rest of the backward. Buckets reduced through a narrower wire get no call."""
-        self._after_reduce_ran = [False] * len(layout.buckets)
-
-    @property
-    def after_reduce_ran_for_all(self) -> bool:
-        """Whether `after_reduce` ran for every bucket of this step (issued by its launch, or replayed)."""
-        return all(self._after_reduce_ran)
 
     def is_launched(self, slot: int) -> bool:
         return self.layout.slots[slot].bucket < self._next
@@ -104,12 +93,6 @@ class GradBuckets(BucketedBuffers):
                 self._handles[bucket] = self.comm.reduce_scatter(self._own(bucket, view), view)
             else:
                 self._handles[bucket] = self.comm.all_reduce(view)
-            if self.after_reduce is not None and wire is None:
-                self._handles[bucket].wait()  # CUDA: the comm stream waits for it; gloo: the thread does
-                self.after_reduce(
-                    bucket, self.shard_view(bucket) if self.sharded else self.bucket_view(bucket)
-                )
-                self._after_reduce_ran[bucket] = True
         self._next += 1
 
     def _own(self, bucket: int, flat: torch.Tensor) -> torch.Tensor:
@@ -128,11 +111,9 @@ class GradBuckets(BucketedBuffers):
                 self.bucket_view(bucket).copy_(wire)
 
     def mark_all_done(self) -> None:
-        """Every bucket was launched and waited for by work this object did not issue (a replayed graph,
-        captured with `after_reduce` as it is now)."""
+        """Every bucket was launched and waited for by work this object did not issue (a replayed graph)."""
         self._next = len(self.layout.buckets)
         self._handles = [None] * len(self.layout.buckets)
-        self._after_reduce_ran = [self.after_reduce is not None and w is None for w in self.wire]
 
     def wait_all(self) -> None:
         """Block (CPU) or make the current stream wait (CUDA) until every launched collective is done."""
@@ -153,4 +134,3 @@ class GradBuckets(BucketedBuffers):
         self._missing = [len(b.slots) for b in self.layout.buckets]
         self._ready = [False] * len(self.layout.slots)
         self._next = 0
-        self._after_reduce_ran = [False] * len(self.layout.buckets)

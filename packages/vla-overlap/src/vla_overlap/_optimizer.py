@@ -12,7 +12,6 @@ from torch import nn
 
 from ._flat_adamw import FlatAdamW, flat_supported
 from ._moments8_state import encoded_state_dict, load_state_dict8, moments_in_state
-from ._norm_parts import NormParts
 from ._param_groups import user_groups as _user_groups
 from ._state import gather_state_dict, scatter_state_dict
 from ._update_stream import UpdateStream
@@ -43,9 +42,6 @@ class DistributedAdamW(torch.optim.Optimizer):
     still hold the fp32 masters. ``moments="int8"`` (with the flat step; "auto" then falls back to "torch"
     off CUDA) keeps both moments as 8-bit codes with one fp32 scale per 64 elements (_moments8: 2.125 bytes
     per element instead of 8); state dicts hold them decoded, in fp32 (_moments8_state), unless asked for as stored.
-    ``norm_in_backward=True`` (with the flat step) takes the 2-norm's part of each bucket as the backward
-    reduces it, so ``clip_grad_norm_`` only combines them (_norm_parts; the same norm, bit for bit): the
-    gradients must not change between the backward and ``clip_grad_norm_``.
     """
 
     def __init__(
@@ -63,7 +59,6 @@ class DistributedAdamW(torch.optim.Optimizer):
         flat: str | None = None,
         remainders: bool = False,
         moments: str = "fp32",
-        norm_in_backward: bool = False,
     ) -> None:
         if flat not in ("auto", "triton", "torch", None):
             raise ValueError(f"flat must be 'auto', 'triton', 'torch' or None, got {flat!r}")
@@ -135,17 +130,12 @@ class DistributedAdamW(torch.optim.Optimizer):
         self.flat = self._make_flat(
             None if flat == "auto" and (foreach or fused is False) else flat, remainders, moments
         )
-        asked_flat = (remainders, "remainders=True"), (moments == "int8", "moments='int8'")
-        for asked, what in (*asked_flat, (norm_in_backward, "norm_in_backward=True")):
+        for asked, what in ((remainders, "remainders=True"), (moments == "int8", "moments='int8'")):
             if asked and self.flat is None:
                 raise ValueError(f"DistributedAdamW({what}) needs the flat step (flat='triton' or 'torch')")
         self.moments = moments
         if self.flat is None:
             self._widen_grad_shards()
-        # only where the shards are exactly what the flat norm reads (pieces skipped by the user's groups
-        # leave the norm to the pieces)
-        use_parts = norm_in_backward and self.flat is not None and self._shards_are_pieces
-        self._norm_parts = NormParts(self.flat, model._grads) if use_parts else None
         self._piece_grads = [  # what clipping reads; with torch's AdamW also the pieces' .grad
             self._grad_shards[bucket][piece.shard_start : piece.shard_start + piece.numel]
             for bucket, piece, _ in self.pieces
@@ -294,8 +284,7 @@ class DistributedAdamW(torch.optim.Optimizer):
                 # One reduction per bucket shard instead of one per piece (3.6 -> ~1.5 ms over n1.6-3b's
                 # 1.6 B gradients on an H200); padding and unused pieces are zero. The sum runs in another
                 # order than torch's, so the norm agrees to fp32 rounding, as the flat step itself does.
-                local = self._norm_parts.norm(norm_type) if self._norm_parts is not None else None
-                local = (local if local is not None else self.flat.grad_norm(norm_type)).to(dtype)
+                local = self.flat.grad_norm(norm_type).to(dtype)
             elif grads:
                 ordered = [grads[i] for i in self._norm_order]
                 if all(g.element_size() >= 4 for g in ordered):

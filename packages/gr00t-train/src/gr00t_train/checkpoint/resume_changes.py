@@ -29,7 +29,6 @@ HARMLESS = (
     "optimizations.graph_warmup", "optimizations.flat_optimizer", "optimizations.triton_attention",
     "optimizations.weight_grads_in_place", "optimizations.grouped_embodiment_gemms",
     "optimizations.skip_untouched_rows", "optimizations.optimizer_overlap", "optimizations.staged_update",
-    "optimizations.norm_in_backward",
     "optimizations.sync_in_graph", "optimizations.bf16_weights", "optimizations.merged_dit_linears",
 )  # fmt: skip
 """Settings (or section prefixes) that change how fast or how visibly the run goes, not what it computes."""

@@ -128,11 +128,6 @@ class OptimizationsConfig(Section):
     first reads them, a fence after each trainable block, so each block waits only for its own parameters and
     the update's tail runs beside the first trainable layers (vla-overlap's `stage_update`); the same
     arithmetic, bitwise, in another order."""
-    norm_in_backward: bool = True
-    """With the flat optimizer: the gradient norm's part of each bucket (for clipping) is taken on the comm
-    stream as the backward reduces that bucket, so after the backward the clip only combines the parts instead
-    of reading every gradient once more before the update can start (vla-overlap's `norm_in_backward`). The
-    same kernels on the same gradients: the norm is the same, bitwise."""
     grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """The dtype gradients travel in between ranks (bfloat16: half the bytes); they accumulate in fp32 either
     way. Not with comm=ddp."""
@@ -230,8 +225,8 @@ def resolve_optimizations(
 
 _HEADLINE = (
     "graph", "compile", "bf16_weights", "optimizer_overlap", "flat_optimizer", "grouped_embodiment_gemms",
-    "merged_dit_linears", "triton_attention", "staged_update", "norm_in_backward", "skip_untouched_rows",
-    "param_remainders", "fp8_frozen",
+    "merged_dit_linears", "triton_attention", "staged_update", "skip_untouched_rows", "param_remainders",
+    "fp8_frozen",
 )  # fmt: skip
 """The switches the start-up line names (data and comm are named by their mode)."""
 
@@ -244,7 +239,6 @@ def _describe(cfg: TrainConfig, kind: str, why: dict[str, str]) -> str:
             opts.optimizer_overlap == "on" and flat,
             "needs optimizer_overlap and flat_optimizer",
         ),
-        "norm_in_backward": (flat, "needs flat_optimizer"),
         "skip_untouched_rows": (opts.comm == "zero1_overlap", "needs comm=zero1_overlap"),
         "param_remainders": (flat and opts.bf16_weights == "on", "needs flat_optimizer and bf16_weights"),
     }
