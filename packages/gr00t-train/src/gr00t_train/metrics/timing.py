@@ -28,7 +28,7 @@ class StepTimes:
         for name, value in self._host.items():
             out[name] = out.get(name, 0.0) + value
         for name, start, end in self._events:
-            if not end.query():  # synchronize lets go of the GIL, and busy threads keep it from coming back
+            if not end.query():  # by a flush nearly every event is complete: no call into the driver's wait
                 end.synchronize()
             out[name] = out.get(name, 0.0) + start.elapsed_time(end) / 1000.0
         for inner, outer in self._nested.items():  # report the outer phase without the inner one
