@@ -316,6 +316,10 @@ def main() -> None:
         "between_steps_s": idle_between_steps(
             args.out / "job", args.every, summary.get("checkpoint_write_s") or [], LoggingConfig().every
         ),
+        # the log flushes' host seconds by part, summed over the job (what the device idles after a flush)
+        "flush_host_s": {
+            k: round(v, 3) for k, v in (summary.get("session_parts_s") or {}).items() if k.startswith("flush_")
+        },
         "non_step_share": (wall - steps_s) / wall,
         "samples_per_s_job": samples / wall,
         "samples_per_s_steady": summary["samples_per_s"],
@@ -366,6 +370,7 @@ def main() -> None:
         + f"; after summary.json in the process {result['after_summary_in_process_s'] or 0:.1f} s, then its exit"
     )  # fmt: skip
     print("between steps: " + ", ".join(f"{k} {v}" for k, v in result["between_steps_s"].items()))
+    print("log flushes, host: " + ", ".join(f"{k} {v} s" for k, v in result["flush_host_s"].items()))
     if fresh:
         print(f"start-up on a fresh host with the compile cache file: {result['startup_fresh_s']:.1f} s "
               f"({result['compile_cache']})")  # fmt: skip

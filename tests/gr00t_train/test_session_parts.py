@@ -1,5 +1,5 @@
 """summary.json's session_parts_s: the host seconds around the steps (after the first step, the loop after it,
-the end's parts), the seconds between steps per step, and benchmarks/time_to_model.py's split of a job's rest."""
+the log flushes' parts, the end's parts), the seconds between steps per step, and benchmarks/time_to_model.py's split of a job's rest."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ def test_session_parts_cover_the_loop_after_the_first_step_and_the_end(tmp_path,
     assert between[0] == 0.0 and all(b > 0 for b in between[1:])  # the loop's host work between steps
     assert summary["between_steps_s"] == sum(between)
     assert parts["loop_after_first_step"] >= later_steps + sum(between[1:])
+    # the log flushes' host seconds by part (at least the last step's flush ran), inside the loop's time
+    flushes = {k: v for k, v in parts.items() if k.startswith("flush_")}
+    assert set(flushes) == {"flush_update_wait", "flush_device_sync", "flush_records", "flush_log"}
+    assert 0 < sum(flushes.values()) <= parts["loop_after_first_step"]
 
 
 def test_the_time_between_steps_is_apart_from_the_steps() -> None:

@@ -108,7 +108,8 @@ class Trainer:
         """Called after every step (e.g. a profiler's step())."""
         self.session_parts_s: dict[str, float] = {}
         """Host seconds around the steps (summary.json's `session_parts_s`): the work after the first step
-        (of it the compile cache's write), the loop's wall time after the first step, and the end's parts.
+        (of it the compile cache's write), the loop's wall time after the first step, the log flushes' parts
+        summed (`flush_update_wait`, `flush_device_sync`, `flush_records`, `flush_log`) and the end's parts.
         Step times are CUDA events: the GPU idling between steps while the host works shows only here."""
         self.out_dir = Path(cfg.output_dir)
 
@@ -204,8 +205,12 @@ class Trainer:
             flush = self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now or validate
             stop = self.checks.poll(flush, self.data.state_dict(), self.samples_seen)
             if flush or stop:
+                clock = LapClock()  # the flush's host seconds by part, summed in session_parts_s
                 self.model.wait_for_update()
-                self.metrics.flush()  # one host sync for the window: global losses, NaN check, logs
+                clock.lap("flush_update_wait")
+                self.metrics.flush(clock)  # one host sync for the window: global losses, NaN check, logs
+                for name, seconds in clock.laps.items():
+                    self.session_parts_s[name] = self.session_parts_s.get(name, 0.0) + seconds
             if validate and not stop:  # before the checkpoint: a resume from it keeps this validation
                 self.metrics.add_validation(self.validation.run(self.step))
             if save_now or stop:

@@ -24,7 +24,7 @@ from .._parts import Batch, TrainParts, episode_ids
 from .._run_checks import SampleTags, describe_nonfinite, tag_samples
 from ..config.sections import TrainConfig
 from .records import MetricsLogger, RunSummary, StepRecord, Throughput, peak_flops_for, summarize
-from .timing import StepTimer, StepTimes
+from .timing import LapClock, StepTimer, StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,17 @@ class MetricsComponent:
         tags = [tag_samples(b) for b in microbatches]
         self._pending.append(_Pending(step, loss, grad_norm, lr, ids, self.timer.end_step(), tags))
 
-    def flush(self) -> None:
+    def flush(self, clock: LapClock | None = None) -> None:
         """One host sync for the window of pending steps: global losses, non-finite check, records, logs.
-        Call once the optimizer's update is done (grad norms are its results)."""
+        Call once the optimizer's update is done (grad norms are its results). `clock` gets the parts as
+        laps: `flush_device_sync` (the losses and norms brought to the host), `flush_records`, `flush_log`."""
+        clock = clock or LapClock()
         pending, self._pending = self._pending, []
         if pending:
-            self._logger.log(self._records(pending))
+            records = self._records(pending, clock)
+            clock.lap("flush_records")
+            self._logger.log(records)
+            clock.lap("flush_log")
 
     def add_validation(self, record: dict[str, Any]) -> None:
         """A validation's record (every rank has it; rank 0 writes it): metrics.jsonl, TensorBoard, the
@@ -110,11 +115,12 @@ class MetricsComponent:
         self.validations.append(record)
         self._logger.log_validation(record)
 
-    def _records(self, pending: list[_Pending]) -> list[StepRecord]:
+    def _records(self, pending: list[_Pending], clock: LapClock) -> list[StepRecord]:
         local = torch.stack([p.loss for p in pending]).float()
         global_loss = self.env.all_reduce_mean(local.clone()).cpu().tolist()
         local = local.cpu().tolist()
         norms = torch.stack([p.grad_norm.float() for p in pending]).cpu().tolist()
+        clock.lap("flush_device_sync")
         for p, value, mine in zip(pending, global_loss, local):
             if not math.isfinite(value):  # every rank sees the same global value: all of them come here
                 bad_ranks = self._nonfinite_ranks(mine)
