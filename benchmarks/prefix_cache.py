@@ -10,7 +10,8 @@ default) on the same small synthetic LIBERO-like dataset, so the cache builds in
     full-head       model.tune_top_llm_layers=0 (the action head and vlln train; the LLM is frozen)
     cached-head     the same from a cache of the whole backbone's output
     full-moments8   full and cached with block-wise 8-bit AdamW moments (memory.adam_moments=int8, which live
-    cached-moments8 in ZeRO-1's optimizer): the cached step is about half optimizer update, which they shrink
+    cached-moments8 in ZeRO-1's optimizer): fewer update bytes for a step that is about half update (on an
+                    H100 the cached step was slower with them: BENCHMARKS.md, "Levers tried")
 
     source benchmarks/gpu_env.sh
     python benchmarks/prefix_cache.py --json benchmarks/results/prefix_cache_h200_<date>.json

@@ -1,5 +1,6 @@
 """summary.json's session_parts_s: the host seconds around the steps (after the first step, the loop after it,
-the log flushes' parts, the end's parts), the seconds between steps per step, and benchmarks/time_to_model.py's split of a job's rest."""
+the log flushes' parts, the end's parts), the seconds between steps per step, and
+benchmarks/time_to_model.py's split of a job's rest."""
 
 from __future__ import annotations
 

@@ -97,11 +97,10 @@ class MetricsComponent:
         tags = [tag_samples(b) for b in microbatches]
         self._pending.append(_Pending(step, loss, grad_norm, lr, ids, self.timer.end_step(), tags))
 
-    def flush(self, clock: LapClock | None = None) -> None:
+    def flush(self, clock: LapClock) -> None:
         """One host sync for the window of pending steps: global losses, non-finite check, records, logs.
         Call once the optimizer's update is done (grad norms are its results). `clock` gets the parts as
         laps: `flush_device_sync` (the losses and norms brought to the host), `flush_records`, `flush_log`."""
-        clock = clock or LapClock()
         pending, self._pending = self._pending, []
         if pending:
             records = self._records(pending, clock)
