@@ -45,7 +45,7 @@ def test_session_parts_cover_the_loop_after_the_first_step_and_the_end(tmp_path,
     assert parts["loop_after_first_step"] >= later_steps + sum(between[1:])
     # the log flushes' host seconds by part (at least the last step's flush ran), inside the loop's time
     flushes = {k: v for k, v in parts.items() if k.startswith("flush_")}
-    assert set(flushes) == {"flush_update_wait", "flush_device_sync", "flush_records", "flush_log"}
+    assert set(flushes) == {"flush_issue", "flush_device_sync", "flush_records", "flush_log"}
     assert 0 < sum(flushes.values()) <= parts["loop_after_first_step"]
 
 

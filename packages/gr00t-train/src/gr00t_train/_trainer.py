@@ -109,7 +109,7 @@ class Trainer:
         self.session_parts_s: dict[str, float] = {}
         """Host seconds around the steps (summary.json's `session_parts_s`): the work after the first step
         (of it the compile cache's write), the loop's wall time after the first step, the log flushes' parts
-        summed (`flush_update_wait`, `flush_device_sync`, `flush_records`, `flush_log`) and the end's parts.
+        summed (`flush_issue`, `flush_device_sync`, `flush_records`, `flush_log`) and the end's parts.
         Step times are CUDA events: the GPU idling between steps while the host works shows only here."""
         self.out_dir = Path(cfg.output_dir)
 
@@ -170,9 +170,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- the loop
     def train(self) -> None:
-        """The training loop, from `self.step` to `cfg.steps`. Nothing in it waits for the device except the
-        flush of a logging window (every `logging.every` steps), a validation, a checkpoint and the first
-        step."""
+        """The training loop, from `self.step` to `cfg.steps`. Nothing in it waits for the device except a
+        validation, a checkpoint, the first and the last step: a logging window (every `logging.every` steps)
+        is read while the next step runs."""
         try:
             self._loop(self.cfg, self.metrics.timer)
         finally:
@@ -198,25 +198,31 @@ class Trainer:
             self.step = step + 1
             self.samples_seen += self.global_batch
             self.metrics.add_step(self.step, loss, grad_norm, lr, microbatches)  # still on the device
+            if self.metrics.reading:  # the last window's values, read while this step runs
+                self._flush_parts(self.metrics.finish)
             if self.step_callback is not None:
                 self.step_callback()
             save_now = self._save_due()
             validate = self.validation.due(self.step)
             flush = self.step % cfg.logging.every == 0 or self.step == cfg.steps or save_now or validate
             stop = self.checks.poll(flush, self.data.state_dict(), self.samples_seen)
-            if flush or stop:
-                clock = LapClock()  # the flush's host seconds by part, summed in session_parts_s
-                self.model.wait_for_update()
-                clock.lap("flush_update_wait")
-                self.metrics.flush(clock)  # one host sync for the window: global losses, NaN check, logs
-                for name, seconds in clock.laps.items():
-                    self.session_parts_s[name] = self.session_parts_s.get(name, 0.0) + seconds
+            if flush or stop:  # a save, a validation, a stop and the end read the window's records now
+                wait = save_now or validate or stop or self.step == cfg.steps
+                self._flush_parts(self.metrics.flush, self.model.wait_for_update, wait=wait)
             if validate and not stop:  # before the checkpoint: a resume from it keeps this validation
                 self.metrics.add_validation(self.validation.run(self.step))
             if save_now or stop:
                 saved = self.save()
             if stop:  # SIGTERM / SIGINT: the checkpoint is written, now leave
                 raise TrainingInterrupted(self.checks.stop.name, self.step, str(saved))
+
+    def _flush_parts(self, flush: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Run a log flush's part, `flush(clock, *args, **kwargs)`, its host seconds by part summed in
+        session_parts_s."""
+        clock = LapClock()
+        flush(clock, *args, **kwargs)
+        for name, seconds in clock.laps.items():
+            self.session_parts_s[name] = self.session_parts_s.get(name, 0.0) + seconds
 
     # ------------------------------------------------------------------------------------- the step
     def train_step(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:

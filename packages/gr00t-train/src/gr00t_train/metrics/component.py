@@ -1,9 +1,12 @@
 """The metrics component: what the loop records per step and reports per run.
 
 Each step's loss, gradient norm and phase times stay on the device (`add_step`); every `logging.every` steps
-(and before a checkpoint or a stop) `flush` syncs the host once for the whole window: the loss averaged over
-ranks, a non-finite loss named with the samples that hold NaN/inf, and one StepRecord per step written to
-metrics.jsonl, TensorBoard and the progress bar (`MetricsLogger`, `metrics/records.py`). Validations (`validation.py`)
+`flush` reads the whole window: the loss averaged over ranks, a non-finite loss named with the samples that
+hold NaN/inf, and one StepRecord per step written to metrics.jsonl, TensorBoard and the progress bar
+(`MetricsLogger`, `metrics/records.py`). A plain flush only issues the window's copies to the host, on a
+stream of its own, and `finish` (after the next step is launched) logs them: the device runs that step while
+the host waits and writes, instead of idling until the host launches again. Before a checkpoint, a
+validation, a stop and at the last step `flush(wait=True)` logs at once. Validations (`validation.py`)
 are recorded beside them (`add_validation`). At the end, the summary, summary.json and the plots."""
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,16 @@ class _Pending:
     samples: list[SampleTags]
 
 
+@dataclass
+class _WindowRead:
+    """A flushed window on its way to the host: its rank-mean losses, own losses and grad norms as rows of
+    `values` (pinned host memory on CUDA, copied on the read stream), there once `ready` is."""
+
+    pending: list[_Pending]
+    values: torch.Tensor
+    ready: torch.cuda.Event | None
+
+
 class MetricsComponent:
     """Step records from the step timer, their host sync per window, logs, summary and report."""
 
@@ -65,6 +80,9 @@ class MetricsComponent:
             None if peak is None else peak * env.world_size,
         )
         self._pending: list[_Pending] = []
+        self._reading: _WindowRead | None = None
+        # the window's copies wait there for its last step and the update, not holding up the compute stream
+        self._stream = torch.cuda.Stream(env.device) if env.device.type == "cuda" else None
         self._logger: MetricsLogger | None = None
         self.validations: list[dict[str, Any]] = []
         """This session's validation records (metrics.jsonl's `"kind": "val"` lines)."""
@@ -72,7 +90,7 @@ class MetricsComponent:
 
     def open(self, start_step: int) -> None:
         """Start logging a session that begins after `start_step` (a resume drops later lines)."""
-        self._pending, self.validations = [], []
+        self._pending, self.validations, self._reading = [], [], None
         self._opened = time.perf_counter()  # the session's wall time, validation's share of it
         self._logger = MetricsLogger(
             self.out_dir,
@@ -97,16 +115,57 @@ class MetricsComponent:
         tags = [tag_samples(b) for b in microbatches]
         self._pending.append(_Pending(step, loss, grad_norm, lr, ids, self.timer.end_step(), tags))
 
-    def flush(self, clock: LapClock) -> None:
-        """One host sync for the window of pending steps: global losses, non-finite check, records, logs.
-        Call once the optimizer's update is done (grad norms are its results). `clock` gets the parts as
-        laps: `flush_device_sync` (the losses and norms brought to the host), `flush_records`, `flush_log`."""
+    @property
+    def reading(self) -> bool:
+        """A flushed window is on its way to the host (`finish` logs it)."""
+        return self._reading is not None
+
+    def flush(self, clock: LapClock, fence: Callable[[], None], *, wait: bool) -> None:
+        """Read the window of pending steps: its losses averaged over ranks and grad norms, copied to the
+        host behind `fence` (which makes the current stream wait for the update that computes the norms).
+        With `wait` the window is logged now; else `finish` logs it, once the next step is launched. A window
+        still in flight is logged first. `clock` gets the parts as laps: `flush_issue`, then `finish`'s."""
+        self.finish(clock)
         pending, self._pending = self._pending, []
         if pending:
-            records = self._records(pending, clock)
-            clock.lap("flush_records")
-            self._logger.log(records)
-            clock.lap("flush_log")
+            self._reading = self._read(pending, fence)
+            clock.lap("flush_issue")
+        if wait:
+            self.finish(clock)
+
+    def finish(self, clock: LapClock) -> None:
+        """Log the window in flight, if any: wait for its values (`flush_device_sync`), check them and make
+        its records (`flush_records`), write them (`flush_log`)."""
+        read, self._reading = self._reading, None
+        if read is None:
+            return
+        if read.ready is not None:
+            read.ready.synchronize()
+        global_loss, local, norms = read.values.tolist()
+        clock.lap("flush_device_sync")
+        records = self._records(read.pending, global_loss, local, norms)
+        clock.lap("flush_records")
+        self._logger.log(records)
+        clock.lap("flush_log")
+
+    def _read(self, pending: list[_Pending], fence: Callable[[], None]) -> _WindowRead:
+        stream = self._stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.env.device))  # the window's last step
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            fence()
+            local = torch.stack([p.loss for p in pending]).float()
+            global_loss = self.env.all_reduce_mean(local.clone())
+            norms = torch.stack([p.grad_norm.float() for p in pending])
+            values = torch.stack([global_loss, local, norms])
+            if stream is None:
+                return _WindowRead(pending, values, None)
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        # `pending` keeps the device tensors alive until `ready`: nothing reuses them while the copy reads
+        return _WindowRead(pending, host, ready)
 
     def add_validation(self, record: dict[str, Any]) -> None:
         """A validation's record (every rank has it; rank 0 writes it): metrics.jsonl, TensorBoard, the
@@ -114,12 +173,9 @@ class MetricsComponent:
         self.validations.append(record)
         self._logger.log_validation(record)
 
-    def _records(self, pending: list[_Pending], clock: LapClock) -> list[StepRecord]:
-        local = torch.stack([p.loss for p in pending]).float()
-        global_loss = self.env.all_reduce_mean(local.clone()).cpu().tolist()
-        local = local.cpu().tolist()
-        norms = torch.stack([p.grad_norm.float() for p in pending]).cpu().tolist()
-        clock.lap("flush_device_sync")
+    def _records(
+        self, pending: list[_Pending], global_loss: list[float], local: list[float], norms: list[float]
+    ) -> list[StepRecord]:
         for p, value, mine in zip(pending, global_loss, local):
             if not math.isfinite(value):  # every rank sees the same global value: all of them come here
                 bad_ranks = self._nonfinite_ranks(mine)

@@ -1,0 +1,43 @@
+"""A logging window is read while the next step runs: a plain flush issues its copies, the next step logs it;
+a save, a validation and the last step log at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gr00t_train import NonFiniteLossError, Trainer
+
+
+def _logged_steps(run) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def test_a_window_is_logged_after_the_next_step_and_a_save_logs_at_once(tmp_path, env, standins) -> None:
+    cfg = standins.small_config(tmp_path, steps=8, logging__every=2, checkpoint__every=6)
+    trainer = Trainer(cfg, standins.make_parts(), env)
+    seen: dict[int, list[int]] = {}
+    trainer.step_callback = lambda: seen.setdefault(trainer.step, _logged_steps(tmp_path / "run"))
+    trainer.fit()
+    # the callback runs after a step's launch (and the last window's logging), before that step's flush
+    assert seen == {
+        1: [], 2: [], 3: [1, 2], 4: [1, 2], 5: [1, 2, 3, 4], 6: [1, 2, 3, 4],
+        7: [1, 2, 3, 4, 5, 6],  # step 6's save logged its window before writing the checkpoint
+        8: [1, 2, 3, 4, 5, 6],
+    }
+    assert _logged_steps(tmp_path / "run") == list(range(1, 9))  # the last step logs at once, each step once
+    laps = json.loads((tmp_path / "run" / "summary.json").read_text())["session_parts_s"]
+    assert {"flush_issue", "flush_device_sync", "flush_records", "flush_log"} <= set(laps)
+
+
+def test_a_nan_in_a_window_read_late_stops_the_next_step_naming_its_own(tmp_path, env, standins) -> None:
+    cfg = standins.small_config(tmp_path, steps=12, logging__every=2)
+    parts = standins.make_parts(batch_size=4, nan_at=1)  # the 2nd batch holds a NaN; step 2 flushes
+    trainer = Trainer(cfg, parts, env)
+    with pytest.raises(NonFiniteLossError) as info:
+        trainer.fit()
+    assert info.value.step == 2 and trainer.step == 3  # found once step 3 was launched
+    assert _logged_steps(tmp_path / "run") == []  # nothing of the broken window is written
