@@ -8,7 +8,7 @@ come from `model.build.build_parts`, tests use tiny stand-ins), each in its conc
                                      (`_comm.plan_grad_sync`), lr schedule, the optimizer's side stream, and
                                      vla_graph's GraphedStep running forward/backward (eager or CUDA graphs)
     checkpoint  CheckpointComponent  save and resume the run's state
-    metrics     MetricsComponent     per-step records, one host sync per logging window, logs, summary
+    metrics     MetricsComponent     per-step records, read to the host per logging window, logs, summary
     validation  ValidationComponent  open-loop action MSE on the held-out episodes vs the mean action,
                                      every `eval.every` steps; leaves the training trajectory untouched
 
