@@ -1,5 +1,5 @@
-"""A logging window is read while the next step runs: a plain flush issues its copies, the next step logs it;
-a save, a validation and the last step log at once."""
+"""A logging window is read without stopping the device: a plain flush issues its copies, the first later step
+that finds them arrived logs it (on CPU the next one); a save, a validation and the last step log at once."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Each step's loss, gradient norm and phase times stay on the device (`add_step`);
 `flush` reads the whole window: the loss averaged over ranks, a non-finite loss named with the samples that
 hold NaN/inf, and one StepRecord per step written to metrics.jsonl, TensorBoard and the progress bar
 (`MetricsLogger`, `metrics/records.py`). A plain flush only issues the window's copies to the host, on a
-stream of its own, and `finish` (after the next step is launched) logs them: the device runs that step while
-the host waits and writes, instead of idling until the host launches again. Before a checkpoint, a
+stream of its own, and `finish` logs them once they have arrived (a later step asks): the device runs the
+steps the host launched ahead while the host writes, instead of idling until the host launches again. Before a checkpoint, a
 validation, a stop and at the last step `flush(wait=True)` logs at once. Validations (`validation.py`)
 are recorded beside them (`add_validation`). At the end, the summary, summary.json and the plots."""
 
@@ -116,14 +116,17 @@ class MetricsComponent:
         self._pending.append(_Pending(step, loss, grad_norm, lr, ids, self.timer.end_step(), tags))
 
     @property
-    def reading(self) -> bool:
-        """A flushed window is on its way to the host (`finish` logs it)."""
-        return self._reading is not None
+    def arrived(self) -> bool:
+        """A flushed window's values are on the host (`finish` logs it without waiting). The loop asks each
+        step: the host runs steps ahead of the device, and waiting for the window's last step (and its update)
+        would cost that lead, leaving the device idle while the host writes the logs."""
+        read = self._reading
+        return read is not None and (read.ready is None or read.ready.query())
 
     def flush(self, clock: LapClock, fence: Callable[[], None], *, wait: bool) -> None:
         """Read the window of pending steps: its losses averaged over ranks and grad norms, copied to the
         host behind `fence` (which makes the current stream wait for the update that computes the norms).
-        With `wait` the window is logged now; else `finish` logs it, once the next step is launched. A window
+        With `wait` the window is logged now; else `finish` logs it once its values have `arrived`. A window
         still in flight is logged first. `clock` gets the parts as laps: `flush_issue`, then `finish`'s."""
         self.finish(clock)
         pending, self._pending = self._pending, []
