@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from gr00t_train import NonFiniteLossError, Trainer
+from gr00t_train.metrics.component import _WindowRead
 
 
 def _logged_steps(run) -> list[int]:
@@ -27,7 +29,7 @@ def test_a_window_is_logged_after_the_next_step_and_a_save_logs_at_once(tmp_path
         1: [], 2: [], 3: [1, 2], 4: [1, 2], 5: [1, 2, 3, 4], 6: [1, 2, 3, 4],
         7: [1, 2, 3, 4, 5, 6],  # step 6's save logged its window before writing the checkpoint
         8: [1, 2, 3, 4, 5, 6],
-    }
+    }  # fmt: skip
     assert _logged_steps(tmp_path / "run") == list(range(1, 9))  # the last step logs at once, each step once
     laps = json.loads((tmp_path / "run" / "summary.json").read_text())["session_parts_s"]
     assert {"flush_issue", "flush_device_sync", "flush_records", "flush_log"} <= set(laps)
@@ -41,3 +43,23 @@ def test_a_nan_in_a_window_read_late_stops_the_next_step_naming_its_own(tmp_path
         trainer.fit()
     assert info.value.step == 2 and trainer.step == 3  # found once step 3 was launched
     assert _logged_steps(tmp_path / "run") == []  # nothing of the broken window is written
+
+
+class _Copy:
+    """The part of a CUDA event that `arrived` reads: whether the window's copies are done."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_a_window_counts_as_arrived_only_once_its_copies_are_done(tmp_path, env, standins) -> None:
+    metrics = Trainer(standins.small_config(tmp_path), standins.make_parts(), env).metrics
+    assert not metrics.arrived  # nothing flushed
+    copy = _Copy()
+    metrics._reading = _WindowRead([], torch.zeros(3, 0), copy)
+    assert not metrics.arrived  # the loop goes on launching steps instead of waiting for it
+    copy.done = True
+    assert metrics.arrived
