@@ -4,11 +4,16 @@ that finds them arrived logs it (on CPU the next one); a save, a validation and 
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+from _torchrun import torchrun
 from gr00t_train import NonFiniteLossError, Trainer
 from gr00t_train.metrics.component import _WindowRead
+
+STANDINS = Path(__file__).with_name("standins.py")
 
 
 def _logged_steps(run) -> list[int]:
@@ -63,3 +68,38 @@ def test_a_window_counts_as_arrived_only_once_its_copies_are_done(tmp_path, env,
     assert not metrics.arrived  # the loop goes on launching steps instead of waiting for it
     copy.done = True
     assert metrics.arrived
+
+
+_NAN_WORKER = """
+import importlib.util, json, sys
+from pathlib import Path
+import torch
+spec = importlib.util.spec_from_file_location("gr00t_train_standins", {standins!r})
+standins = importlib.util.module_from_spec(spec); sys.modules[spec.name] = standins; spec.loader.exec_module(standins)
+import gr00t_train
+torch.set_num_threads(1)
+env = gr00t_train.init_distributed("cpu")
+cfg = standins.small_config(Path({tmp!r}), steps=6, logging__every=2, optimizations__comm="zero1_overlap")
+trainer = gr00t_train.Trainer(cfg, standins.make_parts(rank=env.rank, nan_at=1 if env.rank == 1 else None), env)
+try:
+    trainer.fit()
+except gr00t_train.NonFiniteLossError as err:
+    found = dict(step=err.step, bad_ranks=err.bad_ranks, bad_samples=err.bad_samples, at=trainer.step)
+    Path({tmp!r}, f"error-rank{{env.rank}}.json").write_text(json.dumps(found))
+gr00t_train.shutdown_distributed(env)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_name_the_rank_whose_loss_went_bad(tmp_path) -> None:
+    # the non-finite flags travel with the window's one all-reduce at the flush (on CUDA each rank logs the
+    # window at its own step, where no collective could pair up)
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(_NAN_WORKER.format(standins=str(STANDINS), tmp=str(tmp_path))))
+    code, output = torchrun(str(script), timeout=120)
+    assert code == 0, output[-5000:]
+    first, second = (json.loads((tmp_path / f"error-rank{r}.json").read_text()) for r in (0, 1))
+    assert first["step"] == second["step"] == 2 and first["bad_ranks"] == second["bad_ranks"] == [1]
+    assert first["bad_samples"] is None  # rank 0's batch was fine: rank 1 names the sample
+    assert second["bad_samples"].startswith("Sample 0 of microbatch 0 (episode ")

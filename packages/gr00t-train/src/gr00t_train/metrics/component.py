@@ -49,8 +49,9 @@ class _Pending:
 
 @dataclass
 class _WindowRead:
-    """A flushed window on its way to the host: its rank-mean losses, own losses and grad norms as rows of
-    `values` (pinned host memory on CUDA, copied on the read stream), there once `ready` is."""
+    """A flushed window on its way to the host: rows of `values` (pinned host memory on CUDA, copied on the
+    read stream) hold its rank-mean losses, own losses, grad norms, then per rank 1 where that rank's own loss
+    was non-finite; there once `ready` is."""
 
     pending: list[_Pending]
     values: torch.Tensor
@@ -144,9 +145,9 @@ class MetricsComponent:
             return
         if read.ready is not None:
             read.ready.synchronize()
-        global_loss, local, norms = read.values.tolist()
+        global_loss, local, norms, *flags = read.values.tolist()
         clock.lap("flush_device_sync")
-        records = self._records(read.pending, global_loss, local, norms)
+        records = self._records(read.pending, global_loss, local, norms, flags)
         clock.lap("flush_records")
         self._logger.log(records)
         clock.lap("flush_log")
@@ -158,9 +159,17 @@ class MetricsComponent:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             fence()
             local = torch.stack([p.loss for p in pending]).float()
-            global_loss = self.env.all_reduce_mean(local.clone())
+            world = self.env.world_size
+            # one all-reduce, issued at the same step on every rank: the losses' sum, and which ranks' own
+            # losses are non-finite (the error names them; `finish` runs at another step on each rank)
+            shared = torch.zeros(1 + world, len(pending), dtype=torch.float32, device=local.device)
+            shared[0] = local
+            shared[1 + self.env.rank] = (~torch.isfinite(local)).float()
+            if world > 1:
+                torch.distributed.all_reduce(shared)
+            shared[0] /= world
             norms = torch.stack([p.grad_norm.float() for p in pending])
-            values = torch.stack([global_loss, local, norms])
+            values = torch.cat([shared[:1], local[None], norms[None], shared[1:]])  # mean, own, norms, flags
             if stream is None:
                 return _WindowRead(pending, values, None)
             host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -177,11 +186,18 @@ class MetricsComponent:
         self._logger.log_validation(record)
 
     def _records(
-        self, pending: list[_Pending], global_loss: list[float], local: list[float], norms: list[float]
+        self,
+        pending: list[_Pending],
+        global_loss: list[float],
+        local: list[float],
+        norms: list[float],
+        nonfinite: list[list[float]],
     ) -> list[StepRecord]:
-        for p, value, mine in zip(pending, global_loss, local):
+        """The window's records, or the error of its first non-finite loss (`nonfinite[rank][i]`: that rank's
+        own loss of step i was)."""
+        for i, (p, value, mine) in enumerate(zip(pending, global_loss, local)):
             if not math.isfinite(value):  # every rank sees the same global value: all of them come here
-                bad_ranks = self._nonfinite_ranks(mine)
+                bad_ranks = [rank for rank, flags in enumerate(nonfinite) if flags[i] > 0]
                 if math.isfinite(mine):  # another rank's batch: that rank names it
                     raise NonFiniteLossError(p.step, value, None, self.env.rank, bad_ranks=bad_ranks)
                 where, checked = describe_nonfinite(p.samples)
@@ -193,15 +209,6 @@ class MetricsComponent:
             self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
             for p, loss, norm in zip(pending, global_loss, norms)
         ]
-
-    def _nonfinite_ranks(self, mine: float) -> list[int]:
-        """The ranks whose own loss is non-finite (one small all-reduce, on the error path only)."""
-        if self.env.world_size == 1:
-            return [] if math.isfinite(mine) else [self.env.rank]
-        flags = torch.zeros(self.env.world_size, dtype=torch.float32, device=self.env.device)
-        flags[self.env.rank] = 0.0 if math.isfinite(mine) else 1.0
-        torch.distributed.all_reduce(flags)
-        return [rank for rank, bad in enumerate(flags.cpu().tolist()) if bad > 0]
 
     def close(self) -> None:
         """Flush and close the outputs of the session."""
