@@ -1,5 +1,5 @@
-"""A logging window is read without stopping the device: a plain flush issues its copies, the first later step
-that finds them arrived logs it (on CPU the next one); a save, a validation and the last step log at once."""
+"""A logging window is read while the next step runs: a plain flush issues its copies, the next step logs it;
+a save, a validation and the last step log at once."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from _torchrun import torchrun
 from gr00t_train import NonFiniteLossError, Trainer
-from gr00t_train.metrics.component import _WindowRead
 
 STANDINS = Path(__file__).with_name("standins.py")
 
@@ -50,26 +48,6 @@ def test_a_nan_in_a_window_read_late_stops_the_next_step_naming_its_own(tmp_path
     assert _logged_steps(tmp_path / "run") == []  # nothing of the broken window is written
 
 
-class _Copy:
-    """The part of a CUDA event that `arrived` reads: whether the window's copies are done."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-
-def test_a_window_counts_as_arrived_only_once_its_copies_are_done(tmp_path, env, standins) -> None:
-    metrics = Trainer(standins.small_config(tmp_path), standins.make_parts(), env).metrics
-    assert not metrics.arrived  # nothing flushed
-    copy = _Copy()
-    metrics._reading = _WindowRead([], torch.zeros(3, 0), copy)
-    assert not metrics.arrived  # the loop goes on launching steps instead of waiting for it
-    copy.done = True
-    assert metrics.arrived
-
-
 _NAN_WORKER = """
 import importlib.util, json, sys
 from pathlib import Path
@@ -93,8 +71,7 @@ gr00t_train.shutdown_distributed(env)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_ranks_name_the_rank_whose_loss_went_bad(tmp_path) -> None:
-    # the non-finite flags travel with the window's one all-reduce at the flush (on CUDA each rank logs the
-    # window at its own step, where no collective could pair up)
+    # every rank logs the window at the same step (the next one), so the error path's all-reduce pairs up
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(_NAN_WORKER.format(standins=str(STANDINS), tmp=str(tmp_path))))
     code, output = torchrun(str(script), timeout=120)

@@ -172,7 +172,7 @@ class Trainer:
     def train(self) -> None:
         """The training loop, from `self.step` to `cfg.steps`. Nothing in it waits for the device except a
         validation, a checkpoint, the first and the last step: a logging window (every `logging.every` steps)
-        is logged once its values have reached the host, while the device runs the steps launched since."""
+        is read while the next step runs."""
         try:
             self._loop(self.cfg, self.metrics.timer)
         finally:
@@ -198,7 +198,7 @@ class Trainer:
             self.step = step + 1
             self.samples_seen += self.global_batch
             self.metrics.add_step(self.step, loss, grad_norm, lr, microbatches)  # still on the device
-            if self.metrics.arrived:  # the last window's values reached the host while the device ran on
+            if self.metrics.reading:  # the last window's values, read while this step runs
                 self._flush_parts(self.metrics.finish)
             if self.step_callback is not None:
                 self.step_callback()

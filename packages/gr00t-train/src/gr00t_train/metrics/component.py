@@ -4,8 +4,8 @@ Each step's loss, gradient norm and phase times stay on the device (`add_step`);
 `flush` reads the whole window: the loss averaged over ranks, a non-finite loss named with the samples that
 hold NaN/inf, and one StepRecord per step written to metrics.jsonl, TensorBoard and the progress bar
 (`MetricsLogger`, `metrics/records.py`). A plain flush only issues the window's copies to the host, on a
-stream of its own, and `finish` logs them once they have arrived (a later step asks): the device runs the
-steps the host launched ahead while the host writes, instead of idling until the host launches again. Before a checkpoint, a
+stream of its own, and `finish` (after the next step is launched) logs them: the device runs that step while
+the host waits and writes, instead of idling until the host launches again. Before a checkpoint, a
 validation, a stop and at the last step `flush(wait=True)` logs at once. Validations (`validation.py`)
 are recorded beside them (`add_validation`). At the end, the summary, summary.json and the plots."""
 
@@ -49,9 +49,8 @@ class _Pending:
 
 @dataclass
 class _WindowRead:
-    """A flushed window on its way to the host: rows of `values` (pinned host memory on CUDA, copied on the
-    read stream) hold its rank-mean losses, own losses, grad norms, then per rank 1 where that rank's own loss
-    was non-finite; there once `ready` is."""
+    """A flushed window on its way to the host: its rank-mean losses, own losses and grad norms as rows of
+    `values` (pinned host memory on CUDA, copied on the read stream), there once `ready` is."""
 
     pending: list[_Pending]
     values: torch.Tensor
@@ -117,17 +116,14 @@ class MetricsComponent:
         self._pending.append(_Pending(step, loss, grad_norm, lr, ids, self.timer.end_step(), tags))
 
     @property
-    def arrived(self) -> bool:
-        """A flushed window's values are on the host (`finish` logs it without waiting). The loop asks each
-        step: the host runs steps ahead of the device, and waiting for the window's last step (and its update)
-        would cost that lead, leaving the device idle while the host writes the logs."""
-        read = self._reading
-        return read is not None and (read.ready is None or read.ready.query())
+    def reading(self) -> bool:
+        """A flushed window is on its way to the host (`finish` logs it)."""
+        return self._reading is not None
 
     def flush(self, clock: LapClock, fence: Callable[[], None], *, wait: bool) -> None:
         """Read the window of pending steps: its losses averaged over ranks and grad norms, copied to the
         host behind `fence` (which makes the current stream wait for the update that computes the norms).
-        With `wait` the window is logged now; else `finish` logs it once its values have `arrived`. A window
+        With `wait` the window is logged now; else `finish` logs it, once the next step is launched. A window
         still in flight is logged first. `clock` gets the parts as laps: `flush_issue`, then `finish`'s."""
         self.finish(clock)
         pending, self._pending = self._pending, []
@@ -145,9 +141,9 @@ class MetricsComponent:
             return
         if read.ready is not None:
             read.ready.synchronize()
-        global_loss, local, norms, *flags = read.values.tolist()
+        global_loss, local, norms = read.values.tolist()
         clock.lap("flush_device_sync")
-        records = self._records(read.pending, global_loss, local, norms, flags)
+        records = self._records(read.pending, global_loss, local, norms)
         clock.lap("flush_records")
         self._logger.log(records)
         clock.lap("flush_log")
@@ -159,17 +155,9 @@ class MetricsComponent:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             fence()
             local = torch.stack([p.loss for p in pending]).float()
-            world = self.env.world_size
-            # one all-reduce, issued at the same step on every rank: the losses' sum, and which ranks' own
-            # losses are non-finite (the error names them; `finish` runs at another step on each rank)
-            shared = torch.zeros(1 + world, len(pending), dtype=torch.float32, device=local.device)
-            shared[0] = local
-            shared[1 + self.env.rank] = (~torch.isfinite(local)).float()
-            if world > 1:
-                torch.distributed.all_reduce(shared)
-            shared[0] /= world
+            global_loss = self.env.all_reduce_mean(local.clone())
             norms = torch.stack([p.grad_norm.float() for p in pending])
-            values = torch.cat([shared[:1], local[None], norms[None], shared[1:]])  # mean, own, norms, flags
+            values = torch.stack([global_loss, local, norms])
             if stream is None:
                 return _WindowRead(pending, values, None)
             host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -186,18 +174,11 @@ class MetricsComponent:
         self._logger.log_validation(record)
 
     def _records(
-        self,
-        pending: list[_Pending],
-        global_loss: list[float],
-        local: list[float],
-        norms: list[float],
-        nonfinite: list[list[float]],
+        self, pending: list[_Pending], global_loss: list[float], local: list[float], norms: list[float]
     ) -> list[StepRecord]:
-        """The window's records, or the error of its first non-finite loss (`nonfinite[rank][i]`: that rank's
-        own loss of step i was)."""
-        for i, (p, value, mine) in enumerate(zip(pending, global_loss, local)):
+        for p, value, mine in zip(pending, global_loss, local):
             if not math.isfinite(value):  # every rank sees the same global value: all of them come here
-                bad_ranks = [rank for rank, flags in enumerate(nonfinite) if flags[i] > 0]
+                bad_ranks = self._nonfinite_ranks(mine)
                 if math.isfinite(mine):  # another rank's batch: that rank names it
                     raise NonFiniteLossError(p.step, value, None, self.env.rank, bad_ranks=bad_ranks)
                 where, checked = describe_nonfinite(p.samples)
@@ -209,6 +190,15 @@ class MetricsComponent:
             self.throughput.record(p.step, loss, p.lr, norm, p.times.seconds())
             for p, loss, norm in zip(pending, global_loss, norms)
         ]
+
+    def _nonfinite_ranks(self, mine: float) -> list[int]:
+        """The ranks whose own loss is non-finite (one small all-reduce, on the error path only)."""
+        if self.env.world_size == 1:
+            return [] if math.isfinite(mine) else [self.env.rank]
+        flags = torch.zeros(self.env.world_size, dtype=torch.float32, device=self.env.device)
+        flags[self.env.rank] = 0.0 if math.isfinite(mine) else 1.0
+        torch.distributed.all_reduce(flags)
+        return [rank for rank, bad in enumerate(flags.cpu().tolist()) if bad > 0]
 
     def close(self) -> None:
         """Flush and close the outputs of the session."""
