@@ -367,17 +367,26 @@ def test_tensorboard_scalars_when_installed(tmp_path, env, standins, monkeypatch
             self.path = path
 
         def add_scalar(self, tag, value, step):
-            written.append((tag, step))
+            written.append((tag, step, value))
 
         def close(self):
-            written.append(("closed", None))
+            written.append(("closed", None, None))
 
     module = types.ModuleType("torch.utils.tensorboard")
     module.SummaryWriter = FakeWriter
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
-    Trainer(standins.small_config(tmp_path, steps=2), standins.make_parts(), env).fit()
-    assert ("train/loss", 1) in written and ("train/samples_per_s", 2) in written
-    assert written[-1] == ("closed", None)
+    Trainer(standins.small_config(tmp_path, steps=5, logging__every=3), standins.make_parts(), env).fit()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # a point per key and logging window (steps 1-3, then 4-5), at its last step: the window's mean, the last lr
+    losses = {step: value for tag, step, value in written if tag == "train/loss"}
+    assert losses == {
+        3: pytest.approx(sum(r["loss"] for r in rows[:3]) / 3),
+        5: pytest.approx(sum(r["loss"] for r in rows[3:]) / 2),
+    }
+    lrs = [(step, value) for tag, step, value in written if tag == "train/lr"]
+    assert lrs == [(3, rows[2]["lr"]), (5, rows[4]["lr"])]
+    assert ("train/samples_per_s", 5) in [(tag, step) for tag, step, _ in written]
+    assert written[-1] == ("closed", None, None)
 
 
 @pytest.mark.parametrize("steps,window", [(1, 1), (4, 2), (19, 9), (20, 10), (50, 10)])

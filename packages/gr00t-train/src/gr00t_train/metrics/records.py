@@ -218,13 +218,14 @@ class MetricsLogger:
         self.records.extend(records)
         if not self.enabled or not records:
             return
-        for r in records:
-            self._jsonl.write(json.dumps(_finite(asdict(r))) + "\n")
-            if self._tb is not None:
-                for key, value in asdict(r).items():
-                    if key != "step" and value is not None:
-                        self._tb.add_scalar(f"train/{key}", value, r.step)
+        rows = [asdict(r) for r in records]
+        for row in rows:
+            self._jsonl.write(json.dumps(_finite(row)) + "\n")
         self._jsonl.flush()
+        # a point per key and window: a point per step (14 x 50 calls) took 49-110 ms a window
+        if self._tb is not None:
+            for key, value in _window_means(rows).items():
+                self._tb.add_scalar(f"train/{key}", value, records[-1].step)
         if self._bar is not None:
             last = records[-1]
             shown = {"loss": f"{last.loss:.4f}", "samples_s": f"{last.samples_per_s:.1f}"}
@@ -260,6 +261,17 @@ class MetricsLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _window_means(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """What TensorBoard gets of a logging window: each field's mean over its steps (the learning rate: the
+    last step's), as a loss logged per interval is its mean; metrics.jsonl keeps every step."""
+    means = {}
+    for key in rows[-1]:
+        values = [row[key] for row in rows if row[key] is not None]
+        if key != "step" and values:
+            means[key] = values[-1] if key == "lr" else sum(values) / len(values)
+    return means
 
 
 def _truncate_history(path: Path, last_step: int) -> None:
