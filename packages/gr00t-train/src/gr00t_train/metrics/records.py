@@ -267,9 +267,9 @@ def _window_means(rows: list[dict[str, Any]]) -> dict[str, float]:
     """What TensorBoard gets of a logging window: each field's mean over its steps (the learning rate: the
     last step's), as a loss logged per interval is its mean; metrics.jsonl keeps every step."""
     means = {}
-    for key in rows[-1]:
+    for key in (key for key in rows[-1] if key != "step"):  # in the record's field order
         values = [row[key] for row in rows if row[key] is not None]
-        if key != "step" and values:
+        if values:
             means[key] = values[-1] if key == "lr" else sum(values) / len(values)
     return means
 
